@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Creates the project's virtual environment with every extra the tests need.
+# torch==2.13.0 resolves to the CPU wheel on these machines (pip, not uv or poetry).
+set -euo pipefail
+PYTHON=${PYTHON:-python3.11}
+VENV=${VENV:-.venv}
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/pip" install --disable-pip-version-check -q --upgrade pip 2>/dev/null || true
+log=$(mktemp)
+if ! "$VENV/bin/pip" install --disable-pip-version-check -q -e ".[dev]" >"$log" 2>&1; then
+  grep -v "is ignored: it is neither a file nor a directory" "$log" >&2
+  exit 1
+fi
+rm -f "$log"
+"$VENV/bin/python" -c "import tba, torch, grpc, redis, fastapi" 
+# Debian packages the tests use: redis-server (integration tests start their own) and
+# chromium (the dashboard is tested in headless Chromium).
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v chromium >/dev/null || missing+=(chromium)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${missing[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,3 @@
+from tba.cli import main
+
+main()

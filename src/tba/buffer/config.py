@@ -1,0 +1,110 @@
+"""Settings of the buffer service and of its clients."""
+
+from __future__ import annotations
+
+import itertools
+
+from pydantic import Field, field_validator
+
+from tba.settings import Section
+
+MIB = 1024 * 1024
+
+
+class BufferSettings(Section):
+    """`[buffer]`: the replay-buffer service (`tba buffer serve`)."""
+
+    store: str = Field(
+        "memory",
+        description="`memory` for the embedded in-process store, or `redis://HOST:PORT/DB`.",
+    )
+    key_prefix: str = Field(
+        "tba", min_length=1, max_length=64, description="Prefix of every Redis key."
+    )
+    grpc_host: str = Field("127.0.0.1", description="Address the gRPC server binds.")
+    grpc_port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one.")
+    http_host: str = Field("127.0.0.1", description="Address the REST server binds.")
+    http_port: int = Field(8080, ge=0, le=65535, description="REST port; 0 picks a free one.")
+    capacity: int = Field(
+        1_000_000, ge=1, description="Trajectories kept in all; the oldest are evicted beyond."
+    )
+    prompt_history: int = Field(
+        100, ge=1, le=10_000, description="Trajectories kept per prompt; the oldest go first."
+    )
+    dedup: bool = Field(
+        True,
+        description="A completion identical to one stored for the same prompt replaces it "
+        "instead of adding a copy.",
+    )
+    recency_window: int = Field(
+        64,
+        ge=1,
+        le=100_000,
+        description="Recency sampling draws among this many most recently updated prompts.",
+    )
+    lease_s: float = Field(
+        120.0, gt=0, le=86_400, description="Default lease on prompts taken by a searcher."
+    )
+    max_lease_prompts: int = Field(
+        1024, ge=1, description="Most prompts one LeasePrompts call may take."
+    )
+    request_id_ttl_s: float = Field(
+        3600.0, gt=0, description="How long AddTrajectories remembers a request id for retries."
+    )
+    max_message_bytes: int = Field(
+        64 * MIB, ge=MIB, le=2047 * MIB, description="Largest gRPC message either way."
+    )
+    max_completion_tokens: int = Field(
+        65_536, ge=1, description="Longest completion (tokens) a trajectory may carry."
+    )
+    max_text_chars: int = Field(
+        1_000_000, ge=1, description="Longest prompt or completion text accepted."
+    )
+    max_batch_trajectories: int = Field(
+        8192, ge=1, description="Most trajectories one AddTrajectories call may carry."
+    )
+    max_prompts_per_call: int = Field(
+        100_000, ge=1, description="Most prompts one PutPrompts call may carry."
+    )
+    max_sample_groups: int = Field(4096, ge=1, description="Largest B one Sample call may ask.")
+    max_samples_per_prompt: int = Field(
+        1024, ge=1, description="Largest K one Sample call may ask."
+    )
+    reward_histogram_edges: list[float] = Field(
+        default_factory=lambda: [i / 10 for i in range(-10, 11)],
+        min_length=2,
+        description="Bin edges of the reward histogram in stats (sorted, at least two).",
+    )
+    rate_window_s: float = Field(
+        30.0, gt=0, description="Window over which adds/s and samples/s are measured."
+    )
+
+    @field_validator("store")
+    @classmethod
+    def _check_store(cls, value: str) -> str:
+        if value != "memory" and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("store must be `memory` or a redis:// URL")
+        return value
+
+    @field_validator("reward_histogram_edges")
+    @classmethod
+    def _check_edges(cls, value: list[float]) -> list[float]:
+        if any(b <= a for a, b in itertools.pairwise(value)):
+            raise ValueError("reward_histogram_edges must be strictly increasing")
+        return value
+
+
+class BufferClientSettings(Section):
+    """`[client]`: how trainers and searchers reach the buffer service."""
+
+    address: str = Field("127.0.0.1:50051", description="host:port of the buffer's gRPC server.")
+    timeout_s: float = Field(30.0, gt=0, le=3600, description="Deadline of one call.")
+    max_message_bytes: int = Field(
+        64 * MIB, ge=MIB, le=2047 * MIB, description="Largest gRPC message either way."
+    )
+    retries: int = Field(
+        8, ge=0, le=1000, description="Retries of an unavailable service, with backoff."
+    )
+    retry_backoff_s: float = Field(
+        0.5, gt=0, le=60, description="First backoff; doubles each retry up to 10 s."
+    )

@@ -1,0 +1,51 @@
+"""`tba buffer serve`: the replay-buffer service."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tba.buffer.config import BufferSettings
+from tba.commandline import Flag
+from tba.settings import CommandSettings
+
+HELP = "Run the replay-buffer service (gRPC for searchers and trainer, REST for people)."
+
+
+class BufferServeSettings(CommandSettings):
+    buffer: BufferSettings = BufferSettings()
+
+
+SETTINGS = BufferServeSettings
+FLAGS = (
+    Flag("--store", "buffer.store", "`memory` (default) or redis://HOST:PORT/DB"),
+    Flag("--grpc-port", "buffer.grpc_port", "gRPC port (0 picks a free one)"),
+    Flag("--http-port", "buffer.http_port", "REST port (0 picks a free one)"),
+    Flag("--grpc-host", "buffer.grpc_host", "gRPC bind address"),
+    Flag("--http-host", "buffer.http_host", "REST bind address"),
+)
+
+
+def announce_ready(settings: BufferSettings, grpc_port: int, http_port: int) -> None:
+    url = f"http://{settings.http_host}:{http_port}"
+    print(
+        f"buffer service ready: grpc {settings.grpc_host}:{grpc_port}, http {url} "
+        f"(dashboard {url}/, stats {url}/v1/stats, API docs {url}/docs), "
+        f"store {_safe_store(settings.store)}",
+        flush=True,
+    )
+
+
+def _safe_store(url: str) -> str:
+    """The store URL without a password."""
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.rpartition('@')[2]}"
+
+
+def run(settings: CommandSettings) -> None:
+    assert isinstance(settings, BufferServeSettings)
+    from tba.buffer.server import serve
+
+    buffer = settings.buffer
+    asyncio.run(serve(buffer, lambda g, h: announce_ready(buffer, g, h)))

@@ -1,0 +1,70 @@
+"""Prometheus exposition of the buffer's stats, rendered fresh from one snapshot per scrape."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from tba.domain import BufferStats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _SnapshotCollector:
+    def __init__(self, stats: BufferStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats
+        gauges = {
+            "trajectories": ("Trajectories stored.", s.trajectories),
+            "prompts": ("Prompts in the pool.", s.prompts),
+            "prompts_with_trajectories": (
+                "Prompts with stored trajectories.",
+                s.prompts_with_trajectories,
+            ),
+            "leases_in_flight": ("Prompts leased to searchers now.", s.leases_in_flight),
+            "reward_mean": ("Mean reward of stored trajectories.", s.reward_mean),
+            "latest_version": ("Latest announced weight version.", s.latest_version),
+            "adds_per_second": ("Trajectories added per second.", s.adds_per_s),
+            "samples_per_second": ("Groups sampled per second.", s.samples_per_s),
+            "searchers": ("Searchers seen.", len(s.searchers)),
+        }
+        for name, (doc, value) in gauges.items():
+            yield GaugeMetricFamily(f"tba_buffer_{name}", doc, value=value)
+        counters = {
+            "trajectories_added": ("Trajectories accepted.", s.trajectories_added_total),
+            "groups_sampled": ("Prompt groups sampled.", s.groups_sampled_total),
+            "evicted": ("Trajectories evicted by the bounds.", s.evicted_total),
+        }
+        for name, (doc, value) in counters.items():
+            yield CounterMetricFamily(f"tba_buffer_{name}", doc, value=value)
+        yield from self._labelled()
+
+    def _labelled(self) -> Iterator[Metric]:
+        s = self._stats
+        by_age = GaugeMetricFamily(
+            "tba_buffer_trajectories_by_staleness",
+            "Stored trajectories by age in versions behind the latest.",
+            labels=["versions_behind"],
+        )
+        for age, count in s.staleness().items():
+            by_age.add_metric([str(age)], count)
+        yield by_age
+        histogram = GaugeMetricFamily(
+            "tba_buffer_reward_bin",
+            "Stored trajectories per reward bin [low, high).",
+            labels=["low", "high"],
+        )
+        edges = s.reward_histogram_edges
+        for low, high, count in zip(edges, edges[1:], s.reward_histogram_counts, strict=False):
+            histogram.add_metric([f"{low:g}", f"{high:g}"], count)
+        yield histogram
+
+
+def render(stats: BufferStats) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SnapshotCollector(stats))
+    return generate_latest(registry)

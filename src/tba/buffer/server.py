@@ -1,0 +1,74 @@
+"""Runs the buffer service: one store, one BufferService, the gRPC and the REST server in
+one asyncio loop, until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from collections.abc import Callable
+
+import uvicorn
+
+from tba.buffer.config import BufferSettings
+from tba.buffer.rest import create_app
+from tba.buffer.service import BufferService
+from tba.buffer.store import StoreLimits
+from tba.buffer.stores import open_store
+from tba.rpc.server import start_grpc_server
+
+log = logging.getLogger(__name__)
+_GRACE_S = 5.0
+
+
+def store_limits(settings: BufferSettings) -> StoreLimits:
+    return StoreLimits(
+        capacity=settings.capacity,
+        prompt_history=settings.prompt_history,
+        dedup=settings.dedup,
+        request_id_ttl_s=settings.request_id_ttl_s,
+        reward_histogram_edges=tuple(settings.reward_histogram_edges),
+    )
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+async def serve(
+    settings: BufferSettings, on_ready: Callable[[int, int], None] | None = None
+) -> None:
+    """Serves until cancelled or signalled; `on_ready(grpc_port, http_port)` once listening."""
+    store = open_store(settings.store, settings.key_prefix, store_limits(settings))
+    service = BufferService(store, settings)
+    grpc_server, grpc_port = await start_grpc_server(
+        service, settings.grpc_host, settings.grpc_port, settings.max_message_bytes
+    )
+    http_socket = _bind(settings.http_host, settings.http_port)
+    http_port = http_socket.getsockname()[1]
+    app = create_app(service, settings.max_message_bytes)
+    http_server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    http_task = asyncio.create_task(http_server.serve(sockets=[http_socket]))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    while not http_server.started and not http_task.done():
+        await asyncio.sleep(0.01)
+    if on_ready is not None:
+        on_ready(grpc_port, http_port)
+    try:
+        await asyncio.wait(
+            [asyncio.create_task(stop.wait()), http_task], return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        log.info("buffer service stopping")
+        http_server.should_exit = True
+        await grpc_server.stop(_GRACE_S)
+        await http_task
+        await store.close()

@@ -1,0 +1,209 @@
+"""The buffer's domain service: validates requests, runs the sampling maths over a store, and
+keeps rates. Transports (gRPC servicer, REST handlers) only translate and delegate here."""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from tba.buffer import sampling, validation
+from tba.buffer.config import BufferSettings
+from tba.buffer.store import BufferStore
+from tba.domain import (
+    AddResult,
+    Batch,
+    BufferStats,
+    Lease,
+    Prompt,
+    PromptGroup,
+    PutPromptsResult,
+    SampleSource,
+    SampleSpec,
+    Trajectory,
+    WeightVersion,
+)
+from tba.errors import InvalidArgumentError
+
+# Extra random draws per missing reward-priority group: repeats and already chosen
+# prompts are skipped, so a few spare draws avoid a second round trip.
+_OVERSAMPLE = 2
+_TOP_UP_ROUNDS = 3
+
+
+class RateMeter:
+    """Events per second over a sliding window."""
+
+    def __init__(self, window_s: float, clock: Callable[[], float]) -> None:
+        self._window_s = window_s
+        self._clock = clock
+        self._started_s = clock()
+        self._events: collections.deque[tuple[float, int]] = collections.deque()
+
+    def add(self, count: int) -> None:
+        self._events.append((self._clock(), count))
+
+    def per_s(self) -> float:
+        now = self._clock()
+        while self._events and self._events[0][0] < now - self._window_s:
+            self._events.popleft()
+        span_s = min(self._window_s, max(now - self._started_s, 1e-9))
+        return sum(n for _, n in self._events) / span_s
+
+
+class BufferService:
+    def __init__(
+        self,
+        store: BufferStore,
+        settings: BufferSettings,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self._clock = clock
+        self._adds = RateMeter(settings.rate_window_s, clock)
+        self._samples = RateMeter(settings.rate_window_s, clock)
+
+    async def put_prompts(self, prompts: Sequence[Prompt]) -> PutPromptsResult:
+        validation.check_prompts(prompts, self.settings)
+        return await self.store.put_prompts(prompts)
+
+    async def lease_prompts(self, searcher_id: str, max_prompts: int, lease_s: float) -> Lease:
+        validation.check_lease(searcher_id, max_prompts, lease_s, self.settings)
+        lease_s = lease_s or self.settings.lease_s
+        return await self.store.lease_prompts(searcher_id, max_prompts, lease_s, self._clock())
+
+    async def add_trajectories(
+        self,
+        request_id: str,
+        searcher_id: str,
+        lease_id: str,
+        trajectories: Sequence[Trajectory],
+    ) -> AddResult:
+        validation.check_add(request_id, searcher_id, lease_id, trajectories, self.settings)
+        prompt_ids = {t.prompt_id for t in trajectories}
+        known = await self.store.get_prompts(sorted(prompt_ids))
+        unknown = sorted(prompt_ids - known.keys())
+        if unknown:
+            raise InvalidArgumentError(f"unknown prompt ids: {', '.join(unknown[:10])}")
+        now_s = self._clock()
+        for t in trajectories:
+            t.searcher_id = searcher_id
+            t.created_at_s = t.created_at_s or now_s
+        result = await self.store.add_trajectories(
+            request_id, searcher_id, lease_id, trajectories, now_s
+        )
+        if not result.replayed:
+            self._adds.add(result.accepted)
+        return result
+
+    async def sample(self, spec: SampleSpec) -> Batch:
+        validation.check_sample(spec, self.settings)
+        rng = np.random.default_rng(spec.seed)
+        latest = await self.store.latest_weights()
+        latest_version = latest.version if latest else 0
+        min_version = sampling.min_version_allowed(latest_version, spec.max_age_versions)
+        chosen: dict[str, SampleSource] = {}
+        selected: dict[str, list[int]] = {}
+        sources = sampling.plan_sources(spec.num_prompts, spec.recency_probability, rng)
+        for _ in range(_TOP_UP_ROUNDS):
+            missing = sources[len(selected) :]
+            if not missing:
+                break
+            fresh = await self._choose_prompts(missing, set(chosen), rng)
+            if not fresh:
+                break
+            chosen.update(fresh)
+            selected.update(await self._select(fresh, spec, min_version, rng))
+        groups = await self._load_groups(selected, chosen)
+        await self.store.record_sampled(len(groups))
+        self._samples.add(len(groups))
+        return Batch(groups=groups, latest_version=latest_version)
+
+    async def _choose_prompts(
+        self, sources: list[SampleSource], exclude: set[str], rng: np.random.Generator
+    ) -> dict[str, SampleSource]:
+        """Distinct prompts for the given sources; a source short of prompts (the recency
+        window, or a small buffer) passes its slots to the other."""
+        wanted_recent = sources.count(SampleSource.RECENCY)
+        window = await self.store.recent_prompt_ids(self.settings.recency_window)
+        recent = sampling.pick_distinct(window, wanted_recent, exclude, rng)
+        wanted_reward = len(sources) - len(recent)
+        uniforms = rng.random(_OVERSAMPLE * wanted_reward + 4).tolist()
+        drawn = await self.store.random_prompt_ids(uniforms)
+        reward = sampling.pick_distinct(drawn, wanted_reward, exclude | set(recent), rng)
+        if len(recent) + len(reward) < len(sources):
+            spare = len(sources) - len(recent) - len(reward)
+            recent += sampling.pick_distinct(
+                window, spare, exclude | set(recent) | set(reward), rng
+            )
+        chosen = dict.fromkeys(recent, SampleSource.RECENCY)
+        chosen.update(dict.fromkeys(reward, SampleSource.REWARD))
+        return chosen
+
+    async def _select(
+        self,
+        prompts: dict[str, SampleSource],
+        spec: SampleSpec,
+        min_version: int,
+        rng: np.random.Generator,
+    ) -> dict[str, list[int]]:
+        candidates = await self.store.candidates(list(prompts))
+        selected = {}
+        for prompt_id, source in prompts.items():
+            ids = sampling.select_completions(
+                candidates.get(prompt_id, []),
+                spec.samples_per_prompt,
+                source,
+                spec.reward_temperature,
+                min_version,
+                rng,
+            )
+            if len(ids) >= spec.min_samples_per_prompt:
+                selected[prompt_id] = ids
+        return selected
+
+    async def _load_groups(
+        self, selected: dict[str, list[int]], sources: dict[str, SampleSource]
+    ) -> list[PromptGroup]:
+        wanted = [i for ids in selected.values() for i in ids]
+        by_id = {t.id: t for t in await self.store.get_trajectories(wanted)}
+        prompts = await self.store.get_prompts(list(selected))
+        groups = []
+        for prompt_id, ids in selected.items():
+            trajectories = [by_id[i] for i in ids if i in by_id]
+            if trajectories and prompt_id in prompts:
+                groups.append(PromptGroup(prompts[prompt_id], trajectories, sources[prompt_id]))
+        return groups
+
+    async def stats(self) -> BufferStats:
+        counters = await self.store.counters(self._clock())
+        latest = await self.store.latest_weights()
+        return BufferStats(
+            trajectories=counters.trajectories,
+            prompts=counters.prompts,
+            prompts_with_trajectories=counters.prompts_with_trajectories,
+            leases_in_flight=counters.leases_in_flight,
+            reward_mean=counters.reward_sum / counters.trajectories
+            if counters.trajectories
+            else 0.0,
+            reward_histogram_edges=list(self.settings.reward_histogram_edges),
+            reward_histogram_counts=counters.reward_histogram_counts,
+            per_version=counters.per_version,
+            latest_version=latest.version if latest else 0,
+            searchers=counters.searchers,
+            trajectories_added_total=counters.trajectories_added_total,
+            groups_sampled_total=counters.groups_sampled_total,
+            evicted_total=counters.evicted_total,
+            adds_per_s=self._adds.per_s(),
+            samples_per_s=self._samples.per_s(),
+        )
+
+    async def announce_weights(self, weights: WeightVersion) -> None:
+        validation.check_weights(weights)
+        await self.store.announce_weights(weights)
+
+    async def latest_weights(self) -> WeightVersion | None:
+        return await self.store.latest_weights()

@@ -1,0 +1,114 @@
+"""The storage interface of the buffer. Two implementations share one contract suite
+(tests/contract): `MemoryStore` (embedded, one process) and `RedisStore` (persistent).
+
+Stores own state and atomicity; the sampling maths live in `tba.buffer.sampling` and the
+validation in `tba.buffer.service`, so both stores behave the same by construction.
+Every method is O(size of its arguments) or O(per-prompt history), never O(buffer size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from tba.domain import (
+    AddResult,
+    Lease,
+    Prompt,
+    PutPromptsResult,
+    SearcherInfo,
+    Trajectory,
+    WeightVersion,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """What sampling needs to know of a stored trajectory, without loading it."""
+
+    trajectory_id: int
+    reward: float
+    policy_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLimits:
+    capacity: int
+    prompt_history: int
+    dedup: bool
+    request_id_ttl_s: float
+    reward_histogram_edges: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCounters:
+    trajectories: int
+    prompts: int
+    prompts_with_trajectories: int
+    leases_in_flight: int
+    reward_sum: float
+    reward_histogram_counts: list[int]
+    per_version: dict[int, int]
+    searchers: list[SearcherInfo]
+    trajectories_added_total: int
+    groups_sampled_total: int
+    evicted_total: int
+
+
+class BufferStore(Protocol):
+    async def put_prompts(self, prompts: Sequence[Prompt]) -> PutPromptsResult:
+        """Adds prompts to the pool; an empty id gets a new one, an existing id is kept as is."""
+        ...
+
+    async def get_prompts(self, prompt_ids: Sequence[str]) -> dict[str, Prompt]:
+        """The prompts that exist among `prompt_ids`."""
+        ...
+
+    async def lease_prompts(
+        self, searcher_id: str, max_prompts: int, lease_s: float, now_s: float
+    ) -> Lease:
+        """Takes up to `max_prompts` available prompts, least recently leased first.
+        A prompt is available again once its lease is acknowledged or expired."""
+        ...
+
+    async def add_trajectories(
+        self,
+        request_id: str,
+        searcher_id: str,
+        lease_id: str,
+        trajectories: Sequence[Trajectory],
+        now_s: float,
+    ) -> AddResult:
+        """Atomically stores validated trajectories of existing prompts, enforcing dedup,
+        per-prompt history and capacity; a repeated `request_id` returns the first result."""
+        ...
+
+    async def recent_prompt_ids(self, window: int) -> list[str]:
+        """Up to `window` prompts with the most recently added trajectories, newest first."""
+        ...
+
+    async def random_prompt_ids(self, uniforms: Sequence[float]) -> list[str]:
+        """For each u in [0, 1), the prompt at rank floor(u * n) among the n prompts that
+        have trajectories (so the caller's seeded RNG decides). May repeat prompts."""
+        ...
+
+    async def candidates(self, prompt_ids: Sequence[str]) -> dict[str, list[Candidate]]:
+        """Each prompt's stored trajectories, oldest first."""
+        ...
+
+    async def get_trajectories(self, trajectory_ids: Sequence[int]) -> list[Trajectory]:
+        """The stored trajectories, in the order asked (missing ones, just evicted, skipped)."""
+        ...
+
+    async def record_sampled(self, groups: int) -> None: ...
+
+    async def counters(self, now_s: float) -> StoreCounters: ...
+
+    async def announce_weights(self, weights: WeightVersion) -> None:
+        """Records a new latest version; FailedPreconditionError unless it is newer."""
+        ...
+
+    async def latest_weights(self) -> WeightVersion | None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,151 @@
+"""Domain types shared by every service. Transports convert to and from these."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+TOKEN_DTYPE = np.dtype("<u4")
+
+
+def pack_tokens(token_ids: npt.ArrayLike) -> bytes:
+    """Token ids as packed little-endian uint32, the wire and storage format."""
+    return np.asarray(token_ids, dtype=TOKEN_DTYPE).tobytes()
+
+
+def unpack_tokens(packed: bytes) -> npt.NDArray[np.uint32]:
+    if len(packed) % TOKEN_DTYPE.itemsize:
+        raise ValueError(f"packed token ids have {len(packed)} bytes, not a multiple of 4")
+    return np.frombuffer(packed, dtype=TOKEN_DTYPE)
+
+
+class FinishReason(enum.IntEnum):
+    UNSPECIFIED = 0
+    STOP = 1
+    LENGTH = 2
+
+
+class SampleSource(enum.IntEnum):
+    UNSPECIFIED = 0
+    RECENCY = 1
+    REWARD = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    id: str
+    text: str
+    answer: str = ""
+
+
+@dataclass(slots=True)
+class Trajectory:
+    """One scored completion of a prompt. Log-probs are sums over completion tokens."""
+
+    prompt_id: str
+    prompt_token_ids: bytes
+    completion_token_ids: bytes
+    completion_text: str
+    reward: float
+    ref_logprob: float
+    behavior_logprob: float
+    policy_version: int
+    searcher_id: str = ""
+    finish_reason: FinishReason = FinishReason.UNSPECIFIED
+    created_at_s: float = 0.0
+    id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PromptGroup:
+    """K completions of one prompt, the unit over which log Z is estimated."""
+
+    prompt: Prompt
+    trajectories: list[Trajectory]
+    source: SampleSource
+
+
+@dataclass(frozen=True, slots=True)
+class SampleSpec:
+    """What the trainer asks of the buffer: B prompts x up to K completions."""
+
+    num_prompts: int
+    samples_per_prompt: int
+    recency_probability: float
+    reward_temperature: float = float("inf")
+    max_age_versions: int | None = None
+    min_samples_per_prompt: int = 1
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    groups: list[PromptGroup]
+    latest_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    lease_id: str
+    prompts: list[Prompt]
+    expires_at_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class AddResult:
+    accepted: int
+    replaced_duplicates: int
+    evicted: int
+    replayed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PutPromptsResult:
+    prompt_ids: list[str]
+    created: int
+
+
+@dataclass(frozen=True, slots=True)
+class WeightVersion:
+    version: int
+    uri: str
+    sha256: str
+    step: int
+    published_at_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class SearcherInfo:
+    searcher_id: str
+    last_seen_s: float
+    trajectories_added: int
+
+
+@dataclass(frozen=True, slots=True)
+class BufferStats:
+    trajectories: int
+    prompts: int
+    prompts_with_trajectories: int
+    leases_in_flight: int
+    reward_mean: float
+    reward_histogram_edges: list[float]
+    reward_histogram_counts: list[int]
+    per_version: dict[int, int]
+    latest_version: int
+    searchers: list[SearcherInfo]
+    trajectories_added_total: int
+    groups_sampled_total: int
+    evicted_total: int
+    adds_per_s: float = 0.0
+    samples_per_s: float = 0.0
+
+    def staleness(self) -> dict[int, int]:
+        """Trajectories per age, in versions behind the latest announced one."""
+        ages: dict[int, int] = {}
+        for version, count in self.per_version.items():
+            age = max(0, self.latest_version - version)
+            ages[age] = ages.get(age, 0) + count
+        return dict(sorted(ages.items()))

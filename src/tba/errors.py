@@ -1,0 +1,26 @@
+"""Domain errors. Transports map them to status codes in one place each
+(`tba.rpc.status` for gRPC, `tba.buffer.rest` for HTTP)."""
+
+
+class TbaError(Exception):
+    """Base class of errors a caller can act on."""
+
+
+class InvalidArgumentError(TbaError):
+    """The request is malformed or out of bounds; nothing was changed."""
+
+
+class NotFoundError(TbaError):
+    """The request names something that does not exist; nothing was changed."""
+
+
+class FailedPreconditionError(TbaError):
+    """The request is well-formed but conflicts with current state (e.g. a stale version)."""
+
+
+class ResourceExhaustedError(TbaError):
+    """The request is larger than the service accepts."""
+
+
+class UnavailableError(TbaError):
+    """A backing service (store, object store) cannot be reached right now; retry later."""

@@ -1,0 +1,125 @@
+"""Synchronous client of the buffer service, used by trainers, searchers and tools.
+
+Calls that fail with UNAVAILABLE (service restarting, Redis reconnecting) are retried with
+exponential backoff; AddTrajectories retries reuse the request id, so nothing is stored twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import grpc
+
+from tba import domain
+from tba.buffer.config import BufferClientSettings
+from tba.rpc import convert
+from tba.rpc.status import error_from_rpc
+from tba.v1 import buffer_pb2 as pb
+from tba.v1 import buffer_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+_MAX_BACKOFF_S = 10.0
+
+
+def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+
+
+class BufferClient:
+    def __init__(self, settings: BufferClientSettings | None = None) -> None:
+        self.settings = settings or BufferClientSettings()
+        self._channel = grpc.insecure_channel(
+            self.settings.address, options=channel_options(self.settings.max_message_bytes)
+        )
+        self._stub = pb_grpc.ReplayBufferStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> BufferClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Blocks until the service answers, or raises UnavailableError."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
+        except grpc.FutureTimeoutError as exc:
+            from tba.errors import UnavailableError
+
+            raise UnavailableError(
+                f"buffer service at {self.settings.address} not reachable in {timeout_s} s"
+            ) from exc
+
+    def put_prompts(self, prompts: Sequence[domain.Prompt]) -> domain.PutPromptsResult:
+        request = pb.PutPromptsRequest(prompts=[convert.prompt_to_pb(p) for p in prompts])
+        response = self._call(self._stub.PutPrompts, request)
+        return domain.PutPromptsResult(list(response.prompt_ids), response.created)
+
+    def lease_prompts(
+        self, searcher_id: str, max_prompts: int, lease_s: float = 0.0
+    ) -> domain.Lease:
+        request = pb.LeasePromptsRequest(
+            searcher_id=searcher_id, max_prompts=max_prompts, lease_s=lease_s
+        )
+        return convert.lease_from_pb(self._call(self._stub.LeasePrompts, request))
+
+    def add_trajectories(
+        self,
+        trajectories: Sequence[domain.Trajectory],
+        searcher_id: str,
+        lease_id: str = "",
+        request_id: str | None = None,
+    ) -> domain.AddResult:
+        request = pb.AddTrajectoriesRequest(
+            request_id=request_id or uuid.uuid4().hex,
+            searcher_id=searcher_id,
+            lease_id=lease_id,
+            trajectories=[convert.trajectory_to_pb(t) for t in trajectories],
+        )
+        return convert.add_result_from_pb(self._call(self._stub.AddTrajectories, request))
+
+    def sample(self, spec: domain.SampleSpec) -> domain.Batch:
+        response = self._call(self._stub.Sample, convert.sample_spec_to_pb(spec))
+        return convert.batch_from_pb(response)
+
+    def stats(self) -> domain.BufferStats:
+        return convert.stats_from_pb(self._call(self._stub.GetStats, pb.GetStatsRequest()))
+
+    def announce_weights(self, weights: domain.WeightVersion) -> None:
+        request = pb.AnnounceWeightsRequest(weights=convert.weights_to_pb(weights))
+        self._call(self._stub.AnnounceWeights, request)
+
+    def latest_weights(self) -> domain.WeightVersion | None:
+        response = self._call(self._stub.GetLatestWeights, pb.GetLatestWeightsRequest())
+        return convert.weights_from_pb(response.weights) if response.available else None
+
+    def _call(self, method: Callable[..., T], request: object) -> T:
+        backoff_s = self.settings.retry_backoff_s
+        for attempt in range(self.settings.retries + 1):
+            try:
+                return method(request, timeout=self.settings.timeout_s)
+            except grpc.RpcError as exc:
+                retryable = exc.code() in _RETRYABLE
+                if not retryable or attempt == self.settings.retries:
+                    raise error_from_rpc(exc) from exc
+                log.warning(
+                    "buffer call failed (%s), retry %d in %.1f s",
+                    exc.code(),
+                    attempt + 1,
+                    backoff_s,
+                )
+                time.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, _MAX_BACKOFF_S)
+        raise AssertionError("unreachable")

@@ -1,0 +1,108 @@
+"""The gRPC server of the buffer service: `tba.v1.ReplayBuffer` (grpc.aio), the standard
+health service and reflection. Servicer methods translate and delegate to BufferService;
+domain errors become status codes through `tba.rpc.status`."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from tba.buffer.service import BufferService
+from tba.errors import TbaError
+from tba.rpc import convert
+from tba.rpc.client import channel_options
+from tba.rpc.status import code_for
+from tba.v1 import buffer_pb2 as pb
+from tba.v1 import buffer_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ReplayBuffer"].full_name
+
+
+def _maps_errors(
+    method: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]],
+) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]:
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            return await method(self, request, context)
+        except TbaError as exc:
+            await context.abort(code_for(exc), str(exc))
+            raise AssertionError("abort returned") from exc
+
+    return wrapper
+
+
+class ReplayBufferServicer(pb_grpc.ReplayBufferServicer):
+    def __init__(self, service: BufferService) -> None:
+        self._service = service
+
+    @_maps_errors
+    async def PutPrompts(self, request: Any, context: Any) -> pb.PutPromptsResponse:
+        prompts = [convert.prompt_from_pb(p) for p in request.prompts]
+        result = await self._service.put_prompts(prompts)
+        return pb.PutPromptsResponse(prompt_ids=result.prompt_ids, created=result.created)
+
+    @_maps_errors
+    async def LeasePrompts(self, request: Any, context: Any) -> pb.LeasePromptsResponse:
+        lease = await self._service.lease_prompts(
+            request.searcher_id, request.max_prompts, request.lease_s
+        )
+        return convert.lease_to_pb(lease)
+
+    @_maps_errors
+    async def AddTrajectories(self, request: Any, context: Any) -> pb.AddTrajectoriesResponse:
+        trajectories = [convert.trajectory_from_pb(t) for t in request.trajectories]
+        result = await self._service.add_trajectories(
+            request.request_id, request.searcher_id, request.lease_id, trajectories
+        )
+        return convert.add_result_to_pb(result)
+
+    @_maps_errors
+    async def Sample(self, request: Any, context: Any) -> pb.SampleResponse:
+        batch = await self._service.sample(convert.sample_spec_from_pb(request))
+        return convert.batch_to_pb(batch)
+
+    @_maps_errors
+    async def GetStats(self, request: Any, context: Any) -> pb.Stats:
+        return convert.stats_to_pb(await self._service.stats())
+
+    @_maps_errors
+    async def AnnounceWeights(self, request: Any, context: Any) -> pb.AnnounceWeightsResponse:
+        await self._service.announce_weights(convert.weights_from_pb(request.weights))
+        return pb.AnnounceWeightsResponse()
+
+    @_maps_errors
+    async def GetLatestWeights(self, request: Any, context: Any) -> pb.GetLatestWeightsResponse:
+        latest = await self._service.latest_weights()
+        if latest is None:
+            return pb.GetLatestWeightsResponse(available=False)
+        return pb.GetLatestWeightsResponse(available=True, weights=convert.weights_to_pb(latest))
+
+
+async def start_grpc_server(
+    service: BufferService, host: str, port: int, max_message_bytes: int
+) -> tuple[grpc.aio.Server, int]:
+    """Starts serving; returns the server and the bound port (useful when `port` is 0)."""
+    server = grpc.aio.server(options=channel_options(max_message_bytes))
+    pb_grpc.add_ReplayBufferServicer_to_server(ReplayBufferServicer(service), server)
+    health_servicer = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    bound_port = server.add_insecure_port(f"{host}:{port}")
+    if bound_port == 0:
+        raise OSError(f"cannot bind gRPC server to {host}:{port}")
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, bound_port

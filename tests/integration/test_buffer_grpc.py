@@ -1,0 +1,176 @@
+"""The buffer service over real gRPC, with the real client."""
+
+import math
+import time
+import uuid
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tba.buffer.config import BufferClientSettings
+from tba.domain import Prompt, SampleSource, SampleSpec, WeightVersion
+from tba.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
+from tba.rpc.client import BufferClient
+from tests.fixtures.buffer_service import start_buffer
+from tests.fixtures.data import trajectory
+
+SHA = "a" * 64
+
+
+@pytest.fixture
+def client(buffer_address):
+    with BufferClient(BufferClientSettings(address=buffer_address, retries=0)) as c:
+        yield c
+
+
+def _fill(client, prompts=3, per_prompt=4):
+    ids = client.put_prompts([Prompt("", f"{i}+{i}=", str(2 * i)) for i in range(prompts)])
+    for pid in ids.prompt_ids:
+        batch = [
+            trajectory(pid, completion=[7, j], reward=j / per_prompt) for j in range(per_prompt)
+        ]
+        client.add_trajectories(batch, searcher_id="s1")
+    return ids.prompt_ids
+
+
+def test_put_lease_add_sample_round_trip(client):
+    put = client.put_prompts([Prompt("", "1+1=", "2"), Prompt("q7", "2+2=", "4")])
+    assert put.created == 2 and put.prompt_ids[1] == "q7"
+    lease = client.lease_prompts("s1", 10)
+    assert {p.id for p in lease.prompts} == set(put.prompt_ids)
+    trajs = [trajectory(p.id, completion=[3, k], reward=k) for p in lease.prompts for k in range(3)]
+    added = client.add_trajectories(trajs, searcher_id="s1", lease_id=lease.lease_id)
+    assert added.accepted == 6 and added.evicted == 0
+    batch = client.sample(SampleSpec(num_prompts=2, samples_per_prompt=2, recency_probability=0.5))
+    assert len(batch.groups) == 2
+    assert {g.prompt.id for g in batch.groups} == set(put.prompt_ids)
+    for group in batch.groups:
+        assert len(group.trajectories) == 2
+        assert group.source in (SampleSource.RECENCY, SampleSource.REWARD)
+        assert all(t.prompt_id == group.prompt.id and t.id > 0 for t in group.trajectories)
+        assert all(t.searcher_id == "s1" for t in group.trajectories)
+    stats = client.stats()
+    assert stats.trajectories == 6 and stats.prompts == 2
+    assert stats.groups_sampled_total == 2
+    assert [s.searcher_id for s in stats.searchers] == ["s1"]
+
+
+def test_acknowledged_prompts_cycle_and_expired_leases_come_back(client):
+    client.put_prompts([Prompt("a", "x"), Prompt("b", "y")])
+    first = client.lease_prompts("s1", 1, lease_s=0.3)
+    second = client.lease_prompts("s1", 1, lease_s=0.3)
+    assert {first.prompts[0].id, second.prompts[0].id} == {"a", "b"}
+    assert client.lease_prompts("s1", 2).prompts == []
+    time.sleep(0.5)
+    again = client.lease_prompts("s2", 2)
+    assert {p.id for p in again.prompts} == {"a", "b"}
+
+
+def test_add_is_idempotent_by_request_id(client):
+    (pid,) = client.put_prompts([Prompt("", "x")]).prompt_ids
+    request_id = uuid.uuid4().hex
+    batch = [trajectory(pid, completion=[1, k]) for k in range(3)]
+    first = client.add_trajectories(batch, "s1", request_id=request_id)
+    retry = client.add_trajectories(batch, "s1", request_id=request_id)
+    assert first.accepted == 3 and not first.replayed
+    assert retry.replayed and retry.accepted == 3
+    assert client.stats().trajectories == 3
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"reward": math.nan},
+        {"reward": math.inf},
+        {"completion": []},
+        {"prompt_id": "no-such-prompt"},
+    ],
+)
+def test_bad_trajectories_are_refused_and_store_nothing(client, bad):
+    (pid,) = client.put_prompts([Prompt("", "x")]).prompt_ids
+    good = trajectory(pid, completion=[1, 2])
+    bad_one = trajectory(
+        bad.get("prompt_id", pid),
+        completion=bad.get("completion", [3, 4]),
+        reward=bad.get("reward", 0.0),
+    )
+    with pytest.raises(InvalidArgumentError):
+        client.add_trajectories([good, bad_one], "s1")
+    assert client.stats().trajectories == 0
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SampleSpec(num_prompts=1, samples_per_prompt=0, recency_probability=0.5),
+        SampleSpec(num_prompts=0, samples_per_prompt=1, recency_probability=0.5),
+        SampleSpec(num_prompts=1, samples_per_prompt=1, recency_probability=1.5),
+        SampleSpec(num_prompts=1, samples_per_prompt=1, recency_probability=-0.1),
+        SampleSpec(num_prompts=1, samples_per_prompt=1, recency_probability=math.nan),
+        SampleSpec(1, 1, 0.5, reward_temperature=-1.0),
+    ],
+)
+def test_bad_sample_requests_are_invalid_argument(client, spec):
+    _fill(client, prompts=1)
+    with pytest.raises(InvalidArgumentError):
+        client.sample(spec)
+    assert client.stats().groups_sampled_total == 0
+
+
+def test_sample_with_fixed_seed_is_reproducible(client):
+    _fill(client, prompts=5, per_prompt=6)
+    spec = SampleSpec(3, 3, 0.5, reward_temperature=0.5, seed=42)
+    first, second = client.sample(spec), client.sample(spec)
+    ids = [[t.id for t in g.trajectories] for g in first.groups]
+    assert ids == [[t.id for t in g.trajectories] for g in second.groups]
+
+
+def test_max_age_excludes_stale_versions(client):
+    (pid,) = client.put_prompts([Prompt("", "x")]).prompt_ids
+    client.add_trajectories([trajectory(pid, completion=[1, k], version=1) for k in range(3)], "s")
+    client.add_trajectories([trajectory(pid, completion=[2, k], version=5) for k in range(2)], "s")
+    client.announce_weights(WeightVersion(5, "file:///w/5", SHA, 10, time.time()))
+    batch = client.sample(SampleSpec(1, 5, 0.0, max_age_versions=1))
+    assert [t.policy_version for t in batch.groups[0].trajectories] == [5, 5]
+    assert batch.latest_version == 5
+
+
+def test_weight_versions_only_increase(client):
+    assert client.latest_weights() is None
+    client.announce_weights(WeightVersion(1, "file:///w/1", SHA, 2, time.time()))
+    client.announce_weights(WeightVersion(2, "file:///w/2", SHA, 4, time.time()))
+    with pytest.raises(FailedPreconditionError):
+        client.announce_weights(WeightVersion(2, "file:///w/2b", SHA, 4, time.time()))
+    latest = client.latest_weights()
+    assert latest is not None and latest.version == 2 and latest.uri == "file:///w/2"
+    with pytest.raises(InvalidArgumentError):
+        client.announce_weights(WeightVersion(3, "file:///w/3", "not-a-sha", 6, time.time()))
+
+
+def test_over_size_message_is_resource_exhausted(tmp_path):
+    service = start_buffer(tmp_path, "--set", "buffer.max_message_bytes=1048576")
+    try:
+        with BufferClient(BufferClientSettings(address=service.address, retries=0)) as client:
+            (pid,) = client.put_prompts([Prompt("", "x")]).prompt_ids
+            huge = trajectory(pid, completion=list(range(300_000)))
+            with pytest.raises(ResourceExhaustedError):
+                client.add_trajectories([huge], "s1")
+            assert client.stats().trajectories == 0
+    finally:
+        service.stop()
+
+
+def test_health_and_reflection_are_served(buffer_address):
+    with grpc.insecure_channel(buffer_address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "tba.v1.ReplayBuffer"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        reply = next(iter(stub.ServerReflectionInfo(iter([request]), timeout=5)))
+        names = {s.name for s in reply.list_services_response.service}
+        assert "tba.v1.ReplayBuffer" in names
