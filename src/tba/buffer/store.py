@@ -1,5 +1,6 @@
 """The storage interface of the buffer. Two implementations share one contract suite
-(tests/contract): `MemoryStore` (embedded, one process) and `RedisStore` (persistent).
+(tests/integration/test_store_contract.py): `MemoryStore` (embedded, one process) and
+`RedisStore` (persistent).
 
 Stores own state and atomicity; the sampling maths live in `tba.buffer.sampling` and the
 validation in `tba.buffer.service`, so both stores behave the same by construction.

@@ -1,0 +1,120 @@
+"""How stores encode what they keep, shared by both stores so that they agree bit for bit.
+
+A trajectory is one blob: a fixed struct header, then the UTF-8 ids, the packed token bytes
+and the UTF-8 completion text, copied as they are (no per-token work). Times become integer
+milliseconds, completions a digest, rewards a histogram bin. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+import struct
+from collections.abc import Sequence
+
+from tba.domain import FinishReason, Prompt, Trajectory
+
+FORMAT_VERSION = 1
+# format, reward, ref_logprob, behavior_logprob, created_at_s, policy_version, finish_reason,
+# then the byte lengths of prompt_id, searcher_id, prompt tokens, completion tokens, text.
+_TRAJECTORY_HEADER = struct.Struct("<BddddqBHHIII")
+_PROMPT_HEADER = struct.Struct("<BI")
+DIGEST_BYTES = 16
+
+
+def encode_trajectory(t: Trajectory) -> bytes:
+    """The storage blob of `t`; its `id` is not part of it (the store keys blobs by id)."""
+    prompt_id = t.prompt_id.encode()
+    searcher_id = t.searcher_id.encode()
+    text = t.completion_text.encode()
+    header = _TRAJECTORY_HEADER.pack(
+        FORMAT_VERSION,
+        t.reward,
+        t.ref_logprob,
+        t.behavior_logprob,
+        t.created_at_s,
+        t.policy_version,
+        int(t.finish_reason),
+        len(prompt_id),
+        len(searcher_id),
+        len(t.prompt_token_ids),
+        len(t.completion_token_ids),
+        len(text),
+    )
+    return b"".join(
+        (header, prompt_id, searcher_id, t.prompt_token_ids, t.completion_token_ids, text)
+    )
+
+
+def decode_trajectory(blob: bytes, trajectory_id: int) -> Trajectory:
+    """The trajectory stored as `blob` under `trajectory_id`; ValueError if it is corrupt."""
+    if len(blob) < _TRAJECTORY_HEADER.size or blob[0] != FORMAT_VERSION:
+        raise ValueError(f"trajectory {trajectory_id}: not a version-{FORMAT_VERSION} blob")
+    (_, reward, ref, behavior, created, version, finish, *lengths) = _TRAJECTORY_HEADER.unpack_from(
+        blob
+    )
+    if _TRAJECTORY_HEADER.size + sum(lengths) != len(blob):
+        raise ValueError(f"trajectory {trajectory_id}: blob length does not match its header")
+    view = memoryview(blob)
+    parts = []
+    start = _TRAJECTORY_HEADER.size
+    for length in lengths:
+        parts.append(view[start : start + length])
+        start += length
+    prompt_id, searcher_id, prompt_tokens, completion_tokens, text = parts
+    return Trajectory(
+        prompt_id=str(prompt_id, "utf-8"),
+        prompt_token_ids=bytes(prompt_tokens),
+        completion_token_ids=bytes(completion_tokens),
+        completion_text=str(text, "utf-8"),
+        reward=reward,
+        ref_logprob=ref,
+        behavior_logprob=behavior,
+        policy_version=version,
+        searcher_id=str(searcher_id, "utf-8"),
+        finish_reason=FinishReason(finish),
+        created_at_s=created,
+        id=trajectory_id,
+    )
+
+
+def encode_prompt(p: Prompt) -> bytes:
+    """The storage blob of a prompt's text and answer (its id is the key)."""
+    text = p.text.encode()
+    return b"".join((_PROMPT_HEADER.pack(FORMAT_VERSION, len(text)), text, p.answer.encode()))
+
+
+def decode_prompt(prompt_id: str, blob: bytes) -> Prompt:
+    if len(blob) < _PROMPT_HEADER.size or blob[0] != FORMAT_VERSION:
+        raise ValueError(f"prompt {prompt_id}: not a version-{FORMAT_VERSION} blob")
+    _, text_len = _PROMPT_HEADER.unpack_from(blob)
+    start = _PROMPT_HEADER.size
+    if start + text_len > len(blob):
+        raise ValueError(f"prompt {prompt_id}: blob is shorter than its header says")
+    text = blob[start : start + text_len].decode()
+    return Prompt(id=prompt_id, text=text, answer=blob[start + text_len :].decode())
+
+
+def completion_digest(completion_token_ids: bytes) -> str:
+    """Identifies a completion for de-duplication within its prompt (128 bits, hex)."""
+    return hashlib.blake2b(completion_token_ids, digest_size=DIGEST_BYTES).hexdigest()
+
+
+def to_ms(time_s: float) -> int:
+    """Store time: integer milliseconds, so both stores order and compare times alike."""
+    return math.floor(time_s * 1000)
+
+
+def reward_bin(edges: Sequence[float], reward: float) -> int:
+    """Histogram bin of `reward`: bisect_right(edges, r) - 1, clamped to the outer bins."""
+    return min(max(bisect.bisect_right(edges, reward) - 1, 0), len(edges) - 2)
+
+
+# New prompts enter the pool at "available since" this far before the epoch plus their
+# creation sequence number: ahead of every prompt ever leased, in the order they came.
+NEW_PROMPT_MS_BASE = -(2**50)
+
+
+def new_prompt_ms(sequence: int) -> int:
+    return NEW_PROMPT_MS_BASE + sequence

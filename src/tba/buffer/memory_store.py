@@ -1,0 +1,313 @@
+"""The embedded store: the whole buffer in this process's memory, for one-machine runs.
+
+It implements the same contract as `RedisStore`, step for step like its Lua scripts (one
+contract suite checks both). No method awaits, so on one asyncio loop every call is atomic.
+Ordered indexes (the lease pool by time, prompts by rank) are SortedLists: O(log N) updates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sortedcontainers import SortedList
+
+from tba.buffer import codec
+from tba.buffer.store import Candidate, StoreCounters, StoreLimits
+from tba.domain import (
+    AddResult,
+    Lease,
+    Prompt,
+    PutPromptsResult,
+    SearcherInfo,
+    Trajectory,
+    WeightVersion,
+)
+from tba.errors import FailedPreconditionError
+
+
+class _Pool:
+    """Prompts ordered by the time they are available at, and the leases on them."""
+
+    def __init__(self) -> None:
+        self._order = SortedList()  # (available_ms, prompt_id); ties go by id
+        self._available_ms: dict[str, int] = {}
+        self._leases: dict[str, tuple[int, list[str]]] = {}
+        self._expiries: list[tuple[int, str]] = []  # heap, to forget expired leases
+        self._current: dict[str, str] = {}
+        self._next_lease = 0
+        self._sequence = 0
+
+    def add_new(self, prompt_id: str) -> None:
+        self._sequence += 1
+        self._set(prompt_id, codec.new_prompt_ms(self._sequence))
+
+    def _set(self, prompt_id: str, available_ms: int) -> None:
+        old = self._available_ms.get(prompt_id)
+        if old is not None:
+            self._order.remove((old, prompt_id))
+        self._order.add((available_ms, prompt_id))
+        self._available_ms[prompt_id] = available_ms
+
+    def lease(self, max_prompts: int, now_ms: int, expires_ms: int) -> tuple[str, list[str]]:
+        self._forget_expired(now_ms)
+        available = self._order.bisect_left((now_ms + 1,))
+        taken = [p for _, p in self._order.islice(0, min(available, max_prompts))]
+        if not taken:
+            return "", []
+        self._next_lease += 1
+        lease_id = f"l{self._next_lease}"
+        for prompt_id in taken:
+            self._set(prompt_id, expires_ms)
+            self._current[prompt_id] = lease_id
+        self._leases[lease_id] = (expires_ms, taken)
+        heapq.heappush(self._expiries, (expires_ms, lease_id))
+        return lease_id, taken
+
+    def acknowledge(self, lease_id: str, now_ms: int) -> None:
+        """The lease's prompts that are still under it go to the back of the rotation,
+        unless it has expired (then they are available already)."""
+        expires_ms, prompt_ids = self._leases.pop(lease_id, (0, []))
+        for prompt_id in prompt_ids:
+            if self._current.get(prompt_id) == lease_id:
+                del self._current[prompt_id]
+                if now_ms < expires_ms:
+                    self._set(prompt_id, now_ms)
+
+    def _forget_expired(self, now_ms: int) -> None:
+        while self._expiries and self._expiries[0][0] <= now_ms:
+            _, lease_id = heapq.heappop(self._expiries)
+            for prompt_id in self._leases.pop(lease_id, (0, []))[1]:
+                if self._current.get(prompt_id) == lease_id:
+                    del self._current[prompt_id]
+
+    def in_flight(self, now_ms: int) -> int:
+        return len(self._order) - self._order.bisect_left((now_ms + 1,))
+
+
+@dataclass(slots=True)
+class _Stored:
+    trajectory: Trajectory
+    digest: str
+    bin: int
+
+
+class _Trajectories:
+    """Stored trajectories and every index and aggregate over them."""
+
+    def __init__(self, limits: StoreLimits) -> None:
+        self._limits = limits
+        self.by_id: OrderedDict[int, _Stored] = OrderedDict()  # id order: oldest first
+        self.history: dict[str, OrderedDict[int, None]] = {}
+        self._digests: dict[str, dict[str, int]] = {}
+        self.recent: OrderedDict[str, None] = OrderedDict()  # by newest trajectory id
+        self.ranked = SortedList()
+        self.per_version: dict[int, int] = {}
+        self.histogram = [0] * (len(limits.reward_histogram_edges) - 1)
+        self.reward_sum = 0.0
+        self._next_id = 0
+
+    def add(self, t: Trajectory) -> tuple[int, int]:
+        """Stores a copy of `t` under a new id; returns (replaced duplicates, evicted)."""
+        self._next_id += 1
+        digest = codec.completion_digest(t.completion_token_ids)
+        replaced = evicted = 0
+        old = self._digests.get(t.prompt_id, {}).get(digest) if self._limits.dedup else None
+        if old is not None:
+            self._remove(old)
+            replaced = 1
+        self._insert(dataclasses.replace(t, id=self._next_id), digest)
+        history = self.history[t.prompt_id]
+        if len(history) > self._limits.prompt_history:
+            self._remove(next(iter(history)))
+            evicted += 1
+        if len(self.by_id) > self._limits.capacity:
+            self._remove(next(iter(self.by_id)))
+            evicted += 1
+        return replaced, evicted
+
+    def _insert(self, t: Trajectory, digest: str) -> None:
+        edges = self._limits.reward_histogram_edges
+        stored = _Stored(t, digest, codec.reward_bin(edges, t.reward))
+        self.by_id[t.id] = stored
+        history = self.history.setdefault(t.prompt_id, OrderedDict())
+        history[t.id] = None
+        if self._limits.dedup:
+            self._digests.setdefault(t.prompt_id, {})[digest] = t.id
+        if len(history) == 1:
+            self.ranked.add(t.prompt_id)
+        self.recent[t.prompt_id] = None
+        self.recent.move_to_end(t.prompt_id)
+        version = t.policy_version
+        self.per_version[version] = self.per_version.get(version, 0) + 1
+        self.histogram[stored.bin] += 1
+        self.reward_sum += t.reward
+
+    def _remove(self, trajectory_id: int) -> None:
+        stored = self.by_id.pop(trajectory_id)
+        t = stored.trajectory
+        history = self.history[t.prompt_id]
+        del history[trajectory_id]
+        digests = self._digests.get(t.prompt_id, {})
+        if digests.get(stored.digest) == trajectory_id:
+            del digests[stored.digest]
+        self.per_version[t.policy_version] -= 1
+        if not self.per_version[t.policy_version]:
+            del self.per_version[t.policy_version]
+        self.histogram[stored.bin] -= 1
+        self.reward_sum -= t.reward
+        if not history:
+            del self.history[t.prompt_id]
+            self._digests.pop(t.prompt_id, None)
+            del self.recent[t.prompt_id]
+            self.ranked.remove(t.prompt_id)
+
+
+class MemoryStore:
+    """`BufferStore` in process memory; nothing survives the process."""
+
+    def __init__(self, limits: StoreLimits) -> None:
+        self._limits = limits
+        self._prompts: dict[str, Prompt] = {}
+        self._next_prompt = 0
+        self._pool = _Pool()
+        self._store = _Trajectories(limits)
+        self._requests: dict[str, tuple[int, AddResult]] = {}
+        self._request_expiries: list[tuple[int, str]] = []  # heap, to forget old ids
+        self._seen_s: dict[str, float] = {}
+        self._added: dict[str, int] = {}
+        self._added_total = 0
+        self._evicted_total = 0
+        self._groups_total = 0
+        self._weights: WeightVersion | None = None
+
+    async def put_prompts(self, prompts: Sequence[Prompt]) -> PutPromptsResult:
+        ids = []
+        created = 0
+        for prompt in prompts:
+            prompt_id = prompt.id or self._new_prompt_id()
+            if prompt_id not in self._prompts:
+                self._prompts[prompt_id] = dataclasses.replace(prompt, id=prompt_id)
+                self._pool.add_new(prompt_id)
+                created += 1
+            ids.append(prompt_id)
+        return PutPromptsResult(prompt_ids=ids, created=created)
+
+    def _new_prompt_id(self) -> str:
+        while True:
+            self._next_prompt += 1
+            prompt_id = f"p{self._next_prompt}"
+            if prompt_id not in self._prompts:
+                return prompt_id
+
+    async def get_prompts(self, prompt_ids: Sequence[str]) -> dict[str, Prompt]:
+        return {p: self._prompts[p] for p in prompt_ids if p in self._prompts}
+
+    async def lease_prompts(
+        self, searcher_id: str, max_prompts: int, lease_s: float, now_s: float
+    ) -> Lease:
+        self._seen_s[searcher_id] = now_s
+        expires_ms = codec.to_ms(now_s + lease_s)
+        lease_id, prompt_ids = self._pool.lease(max_prompts, codec.to_ms(now_s), expires_ms)
+        if not lease_id:
+            return Lease("", [], 0.0)
+        return Lease(lease_id, [self._prompts[p] for p in prompt_ids], now_s + lease_s)
+
+    async def add_trajectories(
+        self,
+        request_id: str,
+        searcher_id: str,
+        lease_id: str,
+        trajectories: Sequence[Trajectory],
+        now_s: float,
+    ) -> AddResult:
+        now_ms = codec.to_ms(now_s)
+        self._forget_requests(now_ms)
+        seen = self._requests.get(request_id)
+        if seen is not None and now_ms < seen[0]:
+            return dataclasses.replace(seen[1], replayed=True)
+        replaced = evicted = 0
+        for t in trajectories:
+            r, e = self._store.add(t)
+            replaced += r
+            evicted += e
+        result = AddResult(len(trajectories), replaced, evicted)
+        self._seen_s[searcher_id] = now_s
+        self._added[searcher_id] = self._added.get(searcher_id, 0) + len(trajectories)
+        self._added_total += len(trajectories)
+        self._evicted_total += evicted
+        expires_ms = codec.to_ms(now_s + self._limits.request_id_ttl_s)
+        self._requests[request_id] = (expires_ms, result)
+        heapq.heappush(self._request_expiries, (expires_ms, request_id))
+        if lease_id:
+            self._pool.acknowledge(lease_id, now_ms)
+        return result
+
+    def _forget_requests(self, now_ms: int) -> None:
+        while self._request_expiries and self._request_expiries[0][0] <= now_ms:
+            expires_ms, request_id = heapq.heappop(self._request_expiries)
+            if self._requests.get(request_id, (None,))[0] == expires_ms:
+                del self._requests[request_id]
+
+    async def recent_prompt_ids(self, window: int) -> list[str]:
+        newest_first = reversed(self._store.recent)
+        return [p for p, _ in zip(newest_first, range(window), strict=False)]
+
+    async def random_prompt_ids(self, uniforms: Sequence[float]) -> list[str]:
+        ranked = self._store.ranked
+        n = len(ranked)
+        return [ranked[min(max(int(u * n), 0), n - 1)] for u in uniforms] if n else []
+
+    async def candidates(self, prompt_ids: Sequence[str]) -> dict[str, list[Candidate]]:
+        found = {}
+        for prompt_id in prompt_ids:
+            history = self._store.history.get(prompt_id)
+            if history:
+                found[prompt_id] = [self._candidate(i) for i in history]
+        return found
+
+    def _candidate(self, trajectory_id: int) -> Candidate:
+        t = self._store.by_id[trajectory_id].trajectory
+        return Candidate(trajectory_id, t.reward, t.policy_version)
+
+    async def get_trajectories(self, trajectory_ids: Sequence[int]) -> list[Trajectory]:
+        by_id = self._store.by_id
+        return [dataclasses.replace(by_id[i].trajectory) for i in trajectory_ids if i in by_id]
+
+    async def record_sampled(self, groups: int) -> None:
+        self._groups_total += groups
+
+    async def counters(self, now_s: float) -> StoreCounters:
+        store = self._store
+        searchers = [
+            SearcherInfo(s, self._seen_s[s], self._added.get(s, 0)) for s in sorted(self._seen_s)
+        ]
+        return StoreCounters(
+            trajectories=len(store.by_id),
+            prompts=len(self._prompts),
+            prompts_with_trajectories=len(store.ranked),
+            leases_in_flight=self._pool.in_flight(codec.to_ms(now_s)),
+            reward_sum=store.reward_sum,
+            reward_histogram_counts=list(store.histogram),
+            per_version=dict(sorted(store.per_version.items())),
+            searchers=searchers,
+            trajectories_added_total=self._added_total,
+            groups_sampled_total=self._groups_total,
+            evicted_total=self._evicted_total,
+        )
+
+    async def announce_weights(self, weights: WeightVersion) -> None:
+        if self._weights is not None and weights.version <= self._weights.version:
+            raise FailedPreconditionError(
+                f"weight version {weights.version} is not newer than {self._weights.version}"
+            )
+        self._weights = weights
+
+    async def latest_weights(self) -> WeightVersion | None:
+        return self._weights
+
+    async def close(self) -> None:
+        """Nothing to release: the data lives and dies with the process."""

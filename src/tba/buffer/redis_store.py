@@ -1,0 +1,242 @@
+"""The persistent store: the buffer in Redis, the only module that imports `redis`.
+
+Every mutation is one Lua script (lua/*.lua, run with EVALSHA and loaded again after
+NOSCRIPT, e.g. after a Redis restart), so it applies whole or not at all and one call costs
+one round trip. Scripts receive `now` from here, so replaying the AOF is deterministic.
+Keys live under `{key_prefix}:`; per trajectory there is one blob field and one meta field
+("version bin reward digest prompt_id"), not a key. A prompt has a history ZSET (`h:`) and,
+with dedup, a digest HASH (`d:`). Prompt-level indexes: `pool` (by available-at ms),
+`recent` (by newest trajectory id), `oldest` (by oldest id: global eviction), `ranked`
+(score 0, by id: random access by rank).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from tba.buffer import codec
+from tba.buffer.store import Candidate, StoreCounters, StoreLimits
+from tba.domain import (
+    AddResult,
+    Lease,
+    Prompt,
+    PutPromptsResult,
+    SearcherInfo,
+    Trajectory,
+    WeightVersion,
+)
+from tba.errors import FailedPreconditionError, UnavailableError
+
+SCRIPTS = (
+    "put_prompts",
+    "lease_prompts",
+    "add_trajectories",
+    "random_prompts",
+    "candidates",
+    "announce_weights",
+)
+# Expired leases and request ids forgotten per call; each call adds at most one.
+FORGET_PER_CALL = 8
+DEFAULT_TIMEOUT_S = 10.0
+
+
+def _script_source(name: str) -> str:
+    lua = resources.files("tba.buffer") / "lua"
+    return (lua / "common.lua").read_text() + (lua / f"{name}.lua").read_text()
+
+
+@contextlib.contextmanager
+def _unavailable_on_connection_error(url: str) -> Iterator[None]:
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError) as e:
+        raise UnavailableError(f"redis at {url} cannot be reached: {e}") from e
+
+
+class RedisStore:
+    """`BufferStore` in one Redis database (standalone, not cluster: scripts derive keys)."""
+
+    def __init__(
+        self,
+        url: str,
+        key_prefix: str,
+        limits: StoreLimits,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self._url = url
+        self._prefix = key_prefix
+        self._limits = limits
+        # No retries in the client: a retried script could apply twice; callers retry.
+        # RESP2: under RESP3 redis-py 8 skips its check for connections the server closed,
+        # so the first call after a Redis restart would fail on a dead socket.
+        self._redis = aioredis.from_url(
+            url,
+            protocol=2,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._scripts = {n: self._redis.register_script(_script_source(n)) for n in SCRIPTS}
+
+    def _key(self, name: str) -> str:
+        return f"{self._prefix}:{name}"
+
+    async def _run(self, script: str, args: Sequence[Any]) -> Any:
+        with _unavailable_on_connection_error(self._url):
+            return await self._scripts[script](keys=[self._prefix], args=args)
+
+    async def put_prompts(self, prompts: Sequence[Prompt]) -> PutPromptsResult:
+        args: list[Any] = [codec.NEW_PROMPT_MS_BASE]
+        for prompt in prompts:
+            args += [prompt.id, codec.encode_prompt(prompt)]
+        created, ids = await self._run("put_prompts", args)
+        return PutPromptsResult(prompt_ids=[i.decode() for i in ids], created=int(created))
+
+    async def get_prompts(self, prompt_ids: Sequence[str]) -> dict[str, Prompt]:
+        if not prompt_ids:
+            return {}
+        with _unavailable_on_connection_error(self._url):
+            blobs: Any = await self._redis.hmget(self._key("prompts"), list(prompt_ids))
+        return {p: codec.decode_prompt(p, b) for p, b in zip(prompt_ids, blobs, strict=True) if b}
+
+    async def lease_prompts(
+        self, searcher_id: str, max_prompts: int, lease_s: float, now_s: float
+    ) -> Lease:
+        expires_ms = codec.to_ms(now_s + lease_s)
+        args = [searcher_id, max_prompts, codec.to_ms(now_s), expires_ms, repr(now_s)]
+        reply = await self._run("lease_prompts", [*args, FORGET_PER_CALL])
+        if not reply:
+            return Lease("", [], 0.0)
+        lease_id, ids, blobs = reply
+        prompts = [codec.decode_prompt(i.decode(), b) for i, b in zip(ids, blobs, strict=True)]
+        return Lease(lease_id.decode(), prompts, now_s + lease_s)
+
+    async def add_trajectories(
+        self,
+        request_id: str,
+        searcher_id: str,
+        lease_id: str,
+        trajectories: Sequence[Trajectory],
+        now_s: float,
+    ) -> AddResult:
+        limits = self._limits
+        args: list[Any] = [request_id, searcher_id, lease_id, codec.to_ms(now_s), repr(now_s)]
+        args += [codec.to_ms(now_s + limits.request_id_ttl_s), int(limits.dedup)]
+        args += [limits.prompt_history, limits.capacity, FORGET_PER_CALL]
+        edges = limits.reward_histogram_edges
+        for t in trajectories:
+            digest = codec.completion_digest(t.completion_token_ids)
+            meta = f"{t.policy_version} {codec.reward_bin(edges, t.reward)} {t.reward!r}"
+            args += [codec.encode_trajectory(t), f"{meta} {digest} {t.prompt_id}"]
+        replayed, result = await self._run("add_trajectories", args)
+        accepted, replaced, evicted = (int(n) for n in result.split())
+        return AddResult(accepted, replaced, evicted, replayed=bool(replayed))
+
+    async def recent_prompt_ids(self, window: int) -> list[str]:
+        with _unavailable_on_connection_error(self._url):
+            ids: Any = await self._redis.zrevrange(self._key("recent"), 0, window - 1)
+        return [i.decode() for i in ids]
+
+    async def random_prompt_ids(self, uniforms: Sequence[float]) -> list[str]:
+        if not uniforms:
+            return []
+        ids = await self._run("random_prompts", [repr(float(u)) for u in uniforms])
+        return [i.decode() for i in ids]
+
+    async def candidates(self, prompt_ids: Sequence[str]) -> dict[str, list[Candidate]]:
+        if not prompt_ids:
+            return {}
+        reply = await self._run("candidates", list(prompt_ids))
+        found = {}
+        for prompt_id, (ids, metas) in zip(prompt_ids, reply, strict=True):
+            if ids:
+                found[prompt_id] = [_candidate(i, m) for i, m in zip(ids, metas, strict=True)]
+        return found
+
+    async def get_trajectories(self, trajectory_ids: Sequence[int]) -> list[Trajectory]:
+        if not trajectory_ids:
+            return []
+        with _unavailable_on_connection_error(self._url):
+            blobs: Any = await self._redis.hmget(self._key("blob"), list(trajectory_ids))
+        return [
+            codec.decode_trajectory(b, i)
+            for i, b in zip(trajectory_ids, blobs, strict=True)
+            if b is not None
+        ]
+
+    async def record_sampled(self, groups: int) -> None:
+        with _unavailable_on_connection_error(self._url):
+            await self._redis.hincrby(self._key("state"), "groups_total", groups)
+
+    async def counters(self, now_s: float) -> StoreCounters:
+        bins = len(self._limits.reward_histogram_edges) - 1
+        with _unavailable_on_connection_error(self._url):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hlen(self._key("meta"))
+                pipe.hlen(self._key("prompts"))
+                pipe.zcard(self._key("ranked"))
+                pipe.zcount(self._key("pool"), f"({codec.to_ms(now_s)}", "+inf")
+                pipe.hmget(self._key("state"), ["reward_sum", "added_total", "evicted_total"])
+                pipe.hget(self._key("state"), "groups_total")
+                pipe.hmget(self._key("hist"), list(range(bins)))
+                pipe.hgetall(self._key("versions"))
+                pipe.hgetall(self._key("seen"))
+                pipe.hgetall(self._key("added"))
+                replies = await pipe.execute()
+        trajectories, prompts, ranked, in_flight, totals, groups, hist, *rest = replies
+        versions, seen, added = rest
+        reward_sum, added_total, evicted_total = totals
+        searchers = [
+            SearcherInfo(s.decode(), float(seen[s]), int(added.get(s, 0))) for s in sorted(seen)
+        ]
+        return StoreCounters(
+            trajectories=trajectories,
+            prompts=prompts,
+            prompts_with_trajectories=ranked,
+            leases_in_flight=in_flight,
+            reward_sum=float(reward_sum or 0.0),
+            reward_histogram_counts=[int(c or 0) for c in hist],
+            per_version=dict(sorted((int(v), int(c)) for v, c in versions.items())),
+            searchers=searchers,
+            trajectories_added_total=int(added_total or 0),
+            groups_sampled_total=int(groups or 0),
+            evicted_total=int(evicted_total or 0),
+        )
+
+    async def announce_weights(self, weights: WeightVersion) -> None:
+        args = [weights.version, weights.uri, weights.sha256, weights.step]
+        reply = await self._run("announce_weights", [*args, repr(weights.published_at_s)])
+        if not reply[0]:
+            raise FailedPreconditionError(
+                f"weight version {weights.version} is not newer than {int(reply[1])}"
+            )
+
+    async def latest_weights(self) -> WeightVersion | None:
+        with _unavailable_on_connection_error(self._url):
+            fields: Any = await self._redis.hgetall(self._key("weights"))
+        if not fields:
+            return None
+        return WeightVersion(
+            version=int(fields[b"version"]),
+            uri=fields[b"uri"].decode(),
+            sha256=fields[b"sha256"].decode(),
+            step=int(fields[b"step"]),
+            published_at_s=float(fields[b"published_at_s"]),
+        )
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+def _candidate(trajectory_id: bytes, meta: bytes) -> Candidate:
+    version, _bin, reward, _ = meta.split(b" ", 3)
+    return Candidate(int(trajectory_id), float(reward), int(version))

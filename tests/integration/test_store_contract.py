@@ -1,0 +1,355 @@
+"""The BufferStore contract, run against both stores: the embedded MemoryStore and a
+RedisStore on a real redis-server. Every point of the contract has a test here."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from tba.buffer.store import BufferStore, Candidate, StoreLimits
+from tba.buffer.stores import open_store
+from tba.domain import (
+    AddResult,
+    FinishReason,
+    Lease,
+    Prompt,
+    Trajectory,
+    WeightVersion,
+    pack_tokens,
+)
+from tba.errors import FailedPreconditionError, InvalidArgumentError
+from tests.fixtures.data import trajectory
+
+NOW = 1_700_000_000.0
+EDGES = (0.0, 0.5, 1.0)
+MakeStore = Callable[[StoreLimits], BufferStore]
+Scenario = Callable[[BufferStore], Awaitable[None]]
+
+
+def limits(**changes: object) -> StoreLimits:
+    base = StoreLimits(
+        capacity=1000,
+        prompt_history=100,
+        dedup=True,
+        request_id_ttl_s=60.0,
+        reward_histogram_edges=EDGES,
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["memory", "redis"])
+def make_store(request: pytest.FixtureRequest) -> MakeStore:
+    if request.param == "memory":
+        return lambda lim: open_store("memory", "unused", lim)
+    url = request.getfixturevalue("shared_redis").url
+    prefix = request.getfixturevalue("unique_prefix")
+    return lambda lim: open_store(url, prefix, lim)
+
+
+def run(make_store: MakeStore, scenario: Scenario, lim: StoreLimits | None = None) -> None:
+    async def main() -> None:
+        store = make_store(lim or limits())
+        try:
+            await scenario(store)
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+async def put(store: BufferStore, *ids: str) -> None:
+    await store.put_prompts([Prompt(i, f"question {i}") for i in ids])
+
+
+async def add(
+    store: BufferStore,
+    *trajectories: Trajectory,
+    lease_id: str = "",
+    now: float = NOW,
+    request_id: str = "",
+) -> AddResult:
+    request_id = request_id or uuid.uuid4().hex
+    return await store.add_trajectories(request_id, "s1", lease_id, trajectories, now)
+
+
+async def ids_of(store: BufferStore, prompt_id: str) -> list[int]:
+    found = await store.candidates([prompt_id])
+    return [c.trajectory_id for c in found.get(prompt_id, [])]
+
+
+async def leased(
+    store: BufferStore, max_prompts: int, now: float, lease_s: float = 100.0
+) -> tuple[str, list[str]]:
+    lease = await store.lease_prompts("s1", max_prompts, lease_s, now)
+    return lease.lease_id, [p.id for p in lease.prompts]
+
+
+def test_put_prompts_assigns_new_ids_and_keeps_existing_ones(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        first = await store.put_prompts([Prompt("", "a"), Prompt("q", "b"), Prompt("", "c")])
+        assert (first.prompt_ids, first.created) == (["p1", "q", "p2"], 3)
+        second = await store.put_prompts([Prompt("q", "changed"), Prompt("", "d")])
+        assert (second.prompt_ids, second.created) == (["q", "p3"], 1)
+        found = await store.get_prompts(["q", "p3", "unknown"])
+        assert found == {"q": Prompt("q", "b"), "p3": Prompt("p3", "d")}
+        await store.put_prompts([Prompt("p4", "taken by hand", "42")])
+        third = await store.put_prompts([Prompt("", "e")])
+        assert third.prompt_ids == ["p5"]
+        assert (await store.get_prompts(["p4"]))["p4"].answer == "42"
+        assert (await store.counters(NOW)).prompts == 6
+
+    run(make_store, scenario)
+
+
+def test_new_prompts_lease_first_and_expired_leases_come_back(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "c", "a", "b")
+        lease = await store.lease_prompts("s1", 2, 10.0, NOW)
+        assert [p.id for p in lease.prompts] == ["c", "a"]
+        assert lease.lease_id and lease.expires_at_s == NOW + 10.0
+        assert (await leased(store, 5, NOW, 10.0))[1] == ["b"]
+        assert await store.lease_prompts("s1", 5, 10.0, NOW + 9.0) == Lease("", [], 0.0)
+        assert (await store.counters(NOW + 9.0)).leases_in_flight == 3
+        await put(store, "d")
+        # At expiry: the new prompt first, then the expired ones (same time: by id).
+        assert (await leased(store, 10, NOW + 10.0))[1] == ["d", "a", "b", "c"]
+
+    run(make_store, scenario)
+
+
+def test_acknowledged_prompts_go_to_the_back_of_the_rotation(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a", "b", "c")
+        lease_a, _ = await leased(store, 1, NOW)
+        lease_b, _ = await leased(store, 1, NOW)
+        await add(store, trajectory("b"), lease_id=lease_b, now=NOW + 1)
+        await add(store, trajectory("a"), lease_id=lease_a, now=NOW + 2)
+        assert (await store.counters(NOW + 2)).leases_in_flight == 0
+        assert (await leased(store, 3, NOW + 3))[1] == ["c", "b", "a"]
+        assert (await store.counters(NOW + 3)).leases_in_flight == 3
+
+    run(make_store, scenario)
+
+
+def test_stale_or_unknown_lease_acks_store_trajectories_only(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a", "b")
+        first, _ = await leased(store, 1, NOW, lease_s=10.0)
+        second, taken = await leased(store, 2, NOW + 20)
+        assert taken == ["b", "a"]
+        late = await add(store, trajectory("a", (1,)), lease_id=first, now=NOW + 21)
+        unknown = await add(store, trajectory("a", (2,)), lease_id="l999", now=NOW + 21)
+        assert late.accepted == unknown.accepted == 1
+        assert len(await ids_of(store, "a")) == 2
+        assert (await store.counters(NOW + 21)).leases_in_flight == 2
+        assert (await leased(store, 5, NOW + 21))[1] == []
+        await add(store, trajectory("b"), lease_id=second, now=NOW + 22)
+        assert (await leased(store, 5, NOW + 22))[1] == ["a", "b"]
+
+    run(make_store, scenario)
+
+
+def test_leasing_records_the_searcher(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await store.lease_prompts("idle", 1, 10.0, NOW)
+        await put(store, "a")
+        await store.lease_prompts("busy", 1, 10.0, NOW + 1)
+        await store.add_trajectories("r", "busy", "", [trajectory("a")], NOW + 2)
+        searchers = (await store.counters(NOW + 2)).searchers
+        assert [(s.searcher_id, s.last_seen_s, s.trajectories_added) for s in searchers] == [
+            ("busy", NOW + 2, 1),
+            ("idle", NOW, 0),
+        ]
+
+    run(make_store, scenario)
+
+
+def test_trajectories_get_increasing_ids_and_round_trip(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a", "b")
+        sent = [trajectory("a", (1,)), trajectory("b", (2,)), trajectory("a", (3,), 0.25, 2)]
+        sent[2].searcher_id, sent[2].created_at_s = "s9", NOW - 5
+        sent[2].finish_reason, sent[2].prompt_token_ids = FinishReason.LENGTH, pack_tokens([7])
+        result = await add(store, *sent)
+        assert result == AddResult(accepted=3, replaced_duplicates=0, evicted=0)
+        assert await ids_of(store, "a") == [1, 3]
+        assert await ids_of(store, "b") == [2]
+        got = await store.get_trajectories([3, 1, 99, 2])
+        assert [t.id for t in got] == [3, 1, 2]
+        assert got[0] == dataclasses.replace(sent[2], id=3)
+        assert got[2] == dataclasses.replace(sent[1], id=2)
+        assert await add(store, trajectory("b", (4,))) == AddResult(1, 0, 0)
+        assert await ids_of(store, "b") == [2, 4]
+
+    run(make_store, scenario)
+
+
+def test_a_repeated_request_id_replays_the_first_result(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a", "b")
+        await add(store, trajectory("a", (9,)))
+        first = await add(store, trajectory("a", (9,)), trajectory("b"), request_id="r1")
+        before = await store.counters(NOW)
+        again = await add(store, trajectory("b", (5,)), request_id="r1", now=NOW + 59)
+        assert again == dataclasses.replace(first, replayed=True)
+        assert first == AddResult(2, 1, 0)
+        assert await store.counters(NOW) == before
+        assert await ids_of(store, "b") == [3]
+        after_ttl = await add(store, trajectory("b", (5,)), request_id="r1", now=NOW + 60)
+        assert after_ttl == AddResult(1, 0, 0)
+        assert await ids_of(store, "b") == [3, 4]
+
+    run(make_store, scenario)
+
+
+def test_identical_completions_of_a_prompt_replace_each_other(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a", "b")
+        await add(store, trajectory("a", (1, 2), reward=0.0))
+        result = await add(store, trajectory("a", (1, 2), reward=1.0), trajectory("b", (1, 2)))
+        assert result == AddResult(2, 1, 0)
+        assert (await store.candidates(["a"]))["a"] == [Candidate(2, 1.0, 0)]
+        assert await ids_of(store, "b") == [3]
+        within = await add(store, trajectory("a", (5,)), trajectory("a", (5,), version=4))
+        assert within == AddResult(2, 1, 0)
+        assert (await store.candidates(["a"]))["a"] == [Candidate(2, 1.0, 0), Candidate(5, 1.0, 4)]
+        counters = await store.counters(NOW)
+        assert (counters.trajectories, counters.per_version) == (3, {0: 2, 4: 1})
+        assert counters.trajectories_added_total == 5 and counters.evicted_total == 0
+
+    run(make_store, scenario)
+
+
+def test_without_dedup_identical_completions_are_kept(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a")
+        result = await add(store, trajectory("a", (1,)), trajectory("a", (1,)))
+        assert result == AddResult(2, 0, 0)
+        assert await ids_of(store, "a") == [1, 2]
+
+    run(make_store, scenario, limits(dedup=False))
+
+
+def test_per_prompt_history_evicts_that_prompts_oldest(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a", "b")
+        await add(store, trajectory("a", (1,)), trajectory("a", (2,)), trajectory("b", (1,)))
+        result = await add(store, trajectory("a", (3,)), trajectory("a", (4,)))
+        assert result == AddResult(2, 0, 2)
+        assert await ids_of(store, "a") == [4, 5]
+        assert await ids_of(store, "b") == [3]
+        assert await store.get_trajectories([1, 2]) == []
+        assert (await store.counters(NOW)).evicted_total == 2
+
+    run(make_store, scenario, limits(prompt_history=2))
+
+
+def test_capacity_evicts_the_globally_oldest(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a", "b", "c", "d")
+        await add(store, trajectory("a", reward=0.9, version=1), trajectory("b", reward=0.1))
+        await add(store, trajectory("c", reward=0.2))
+        result = await add(store, trajectory("d", reward=0.3), trajectory("b", (7,), 0.4))
+        assert result == AddResult(2, 0, 2)
+        assert await store.candidates(["a", "b"]) == {"b": [Candidate(5, 0.4, 0)]}
+        assert await store.recent_prompt_ids(10) == ["b", "d", "c"]
+        assert await store.random_prompt_ids([0.0, 0.5, 0.9]) == ["b", "c", "d"]
+        counters = await store.counters(NOW)
+        assert counters.trajectories == 3 and counters.prompts_with_trajectories == 3
+        assert counters.per_version == {0: 3} and counters.evicted_total == 2
+        assert counters.reward_histogram_counts == [3, 0]
+        assert counters.reward_sum == pytest.approx(0.9)
+        await add(store, trajectory("a", reward=1.0))  # a prompt that emptied comes back
+        assert (await store.recent_prompt_ids(1)) == ["a"]
+        assert await store.candidates(["a"]) == {"a": [Candidate(6, 1.0, 0)]}
+
+    run(make_store, scenario, limits(capacity=3))
+
+
+def test_recent_prompts_are_ordered_by_newest_trajectory(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        assert await store.recent_prompt_ids(5) == []
+        await put(store, "a", "b", "c")
+        await add(store, trajectory("a", (1,)), trajectory("b", (1,)), trajectory("c", (1,)))
+        await add(store, trajectory("a", (2,)))
+        assert await store.recent_prompt_ids(10) == ["a", "c", "b"]
+        assert await store.recent_prompt_ids(2) == ["a", "c"]
+
+    run(make_store, scenario)
+
+
+def test_random_prompts_are_chosen_by_rank(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "b", "a", "c", "z")
+        assert await store.random_prompt_ids([0.5]) == []
+        await add(store, trajectory("b"), trajectory("a"), trajectory("c"))
+        uniforms = [0.0, 0.34, 0.5, 0.67, 0.9999, 0.2]
+        assert await store.random_prompt_ids(uniforms) == ["a", "b", "b", "c", "c", "a"]
+        assert await store.random_prompt_ids([]) == []
+
+    run(make_store, scenario)
+
+
+def test_candidates_list_each_prompts_trajectories_oldest_first(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a", "b", "c")
+        await add(store, trajectory("a", (1,), -0.5, 3), trajectory("b", (1,), 2.0, 1))
+        await add(store, trajectory("a", (2,), 0.125, 4))
+        found = await store.candidates(["a", "b", "c", "unknown"])
+        assert found == {
+            "a": [Candidate(1, -0.5, 3), Candidate(3, 0.125, 4)],
+            "b": [Candidate(2, 2.0, 1)],
+        }
+        assert await store.candidates([]) == {}
+
+    run(make_store, scenario)
+
+
+def test_counters_aggregate_what_is_stored(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a", "b")
+        await store.lease_prompts("s1", 1, 5.0, NOW)
+        await add(store, *(trajectory("a", (i,), r, i % 2) for i, r in enumerate(REWARDS)))
+        await store.record_sampled(3)
+        await store.record_sampled(4)
+        counters = await store.counters(NOW)
+        assert counters.trajectories == len(REWARDS) and counters.prompts == 2
+        assert counters.prompts_with_trajectories == 1
+        assert counters.leases_in_flight == 1
+        assert (await store.counters(NOW + 5)).leases_in_flight == 0
+        # bins of (0, 0.5, 1): below and into the first, the second, above into the last
+        assert counters.reward_histogram_counts == [3, 3]
+        assert counters.reward_sum == pytest.approx(sum(REWARDS))
+        assert counters.per_version == {0: 3, 1: 3}
+        assert counters.groups_sampled_total == 7
+        assert counters.trajectories_added_total == 6 and counters.evicted_total == 0
+
+    run(make_store, scenario)
+
+
+REWARDS = (-3.0, 0.0, 0.49, 0.5, 1.0, 8.0)
+
+
+def test_weight_versions_only_move_forward(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        assert await store.latest_weights() is None
+        first = WeightVersion(1, "file:///w/1", "a" * 64, 2, NOW + 0.25)
+        await store.announce_weights(first)
+        assert await store.latest_weights() == first
+        for stale in (1, 0):
+            with pytest.raises(FailedPreconditionError):
+                await store.announce_weights(dataclasses.replace(first, version=stale))
+        third = WeightVersion(3, "s3://b/w/3", "b" * 64, 6, NOW + 9)
+        await store.announce_weights(third)
+        assert await store.latest_weights() == third
+
+    run(make_store, scenario)
+
+
+def test_open_store_knows_memory_and_redis_urls_only() -> None:
+    with pytest.raises(InvalidArgumentError, match="unknown store"):
+        open_store("postgres://db", "tba", limits())
