@@ -13,6 +13,13 @@ if ! "$VENV/bin/pip" install --disable-pip-version-check -q -e ".[dev]" >"$log" 
 fi
 rm -f "$log"
 "$VENV/bin/python" -c "import tba, torch, grpc, redis, fastapi" 
+# DeepSpeed (the trainer's ZeRO scale-out, extra `distributed`): DS_BUILD_OPS=0 skips
+# compiling its C++/CUDA ops at install time (they JIT-build on first use) and its setup
+# imports torch, hence no build isolation; so it cannot come through `.[dev]`.
+if ! "$VENV/bin/python" -c "import deepspeed" 2>/dev/null; then
+  DS_BUILD_OPS=0 "$VENV/bin/pip" install --disable-pip-version-check -q --no-build-isolation \
+    "deepspeed==0.19.8"
+fi
 # Debian packages the tests use: redis-server (integration tests start their own) and
 # chromium (the dashboard is tested in headless Chromium).
 missing=()

@@ -13,6 +13,7 @@ from tba.commandline import add_config_arguments, settings_from_args
 # (group, command) -> module with FLAGS, SETTINGS, HELP and run(settings).
 COMMANDS: dict[tuple[str, ...], str] = {
     ("buffer", "serve"): "tba.buffer.main",
+    ("trainer", "run"): "tba.trainer.main",
 }
 
 

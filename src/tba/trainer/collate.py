@@ -1,0 +1,134 @@
+"""From a sampled `Batch` of prompt groups to flat training rows, micro-batches and
+data-parallel shards.
+
+Rows keep their prompt group (`LossInputs.group_index`), so log Z stays per group whatever
+the layout: micro-batches pack whole groups where they fit and split a group only when it is
+larger than a micro-batch; the step then computes group constants over the whole batch first
+(`trainer.step`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tba.domain import Batch, unpack_tokens
+from tba.trainer.loss import LossInputs
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """One training batch as rows (one per trajectory), grouped by prompt."""
+
+    prompts: list[list[int]]
+    completions: list[list[int]]
+    inputs: LossInputs
+    policy_version: torch.Tensor  # [n] int64: weight version that generated each row
+    latest_version: int
+
+    @property
+    def size(self) -> int:
+        return len(self.completions)
+
+    def select(self, rows: torch.Tensor) -> TrainBatch:
+        picked = rows.tolist()
+        return TrainBatch(
+            [self.prompts[i] for i in picked],
+            [self.completions[i] for i in picked],
+            self.inputs.select(rows),
+            self.policy_version[rows],
+            self.latest_version,
+        )
+
+    def with_ref_logprob(self, ref_logprob: torch.Tensor) -> TrainBatch:
+        inputs = LossInputs(
+            ref_logprob.to(self.inputs.ref_logprob.dtype),
+            self.inputs.behavior_logprob,
+            self.inputs.reward,
+            self.inputs.group_index,
+            self.inputs.num_groups,
+        )
+        return TrainBatch(
+            self.prompts, self.completions, inputs, self.policy_version, self.latest_version
+        )
+
+
+def collate(batch: Batch) -> TrainBatch:
+    """Rows of every trajectory of every group, in batch order; empty groups are dropped."""
+    prompts: list[list[int]] = []
+    completions: list[list[int]] = []
+    ref, behavior, reward, group, version = [], [], [], [], []
+    groups = [g for g in batch.groups if g.trajectories]
+    for index, g in enumerate(groups):
+        for t in g.trajectories:
+            prompts.append(unpack_tokens(t.prompt_token_ids).tolist())
+            completions.append(unpack_tokens(t.completion_token_ids).tolist())
+            ref.append(t.ref_logprob)
+            behavior.append(t.behavior_logprob)
+            reward.append(t.reward)
+            group.append(index)
+            version.append(t.policy_version)
+    inputs = LossInputs(
+        torch.tensor(ref, dtype=torch.float32),
+        torch.tensor(behavior, dtype=torch.float32),
+        torch.tensor(reward, dtype=torch.float32),
+        torch.tensor(group, dtype=torch.long),
+        len(groups),
+    )
+    return TrainBatch(
+        prompts, completions, inputs, torch.tensor(version, dtype=torch.long), batch.latest_version
+    )
+
+
+def plan_micro_batches(group_index: torch.Tensor, micro_batch_size: int) -> list[torch.Tensor]:
+    """Row indices of each micro-batch (at most `micro_batch_size` rows): groups are packed
+    whole, first fit in order; a group larger than a micro-batch is split into full ones."""
+    if micro_batch_size < 1:
+        raise ValueError("micro_batch_size must be at least 1")
+    plan: list[list[int]] = []
+    current: list[int] = []
+    for rows in _rows_by_group(group_index):
+        if len(rows) > micro_batch_size:
+            for start in range(0, len(rows), micro_batch_size):
+                plan.append(rows[start : start + micro_batch_size])
+            continue
+        if len(current) + len(rows) > micro_batch_size:
+            plan.append(current)
+            current = []
+        current = current + rows
+    if current:
+        plan.append(current)
+    return [torch.tensor(rows, dtype=torch.long) for rows in plan]
+
+
+def splits_groups(plan: Sequence[torch.Tensor], group_index: torch.Tensor) -> bool:
+    """Whether some group has rows in more than one micro-batch."""
+    seen: set[int] = set()
+    for rows in plan:
+        groups = set(group_index[rows].tolist())
+        if groups & seen:
+            return True
+        seen |= groups
+    return False
+
+
+def shard_rows(num_rows: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's contiguous slice of the rows, padded to the same length on every rank
+    (every rank must run as many forward/backward passes) with a mask of 0 on the padding."""
+    if num_rows < 1:
+        raise ValueError("a batch needs at least one row")
+    per_rank = -(-num_rows // world_size)
+    start = min(rank * per_rank, num_rows)
+    rows = list(range(start, min(start + per_rank, num_rows)))
+    mask = [1.0] * len(rows) + [0.0] * (per_rank - len(rows))
+    rows += [0] * (per_rank - len(rows))
+    return torch.tensor(rows, dtype=torch.long), torch.tensor(mask)
+
+
+def _rows_by_group(group_index: torch.Tensor) -> list[list[int]]:
+    groups: dict[int, list[int]] = {}
+    for row, g in enumerate(group_index.tolist()):
+        groups.setdefault(g, []).append(row)
+    return list(groups.values())

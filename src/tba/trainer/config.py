@@ -1,0 +1,193 @@
+"""Settings of the trainer (`tba trainer run`): `[trainer]`, `[model]`, `[optim]`,
+`[checkpoint]`, `[metrics]` and `[distributed]`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from tba.settings import Section
+
+
+class TrainerSettings(Section):
+    """`[trainer]`: what a step samples, the objective, and how often weights go out."""
+
+    steps: int = Field(500, ge=1, le=10_000_000, description="Optimizer steps to train.")
+    num_prompts: int = Field(7, ge=1, le=4096, description="B: prompt groups per batch.")
+    samples_per_prompt: int = Field(
+        20, ge=1, le=1024, description="K: completions per prompt group."
+    )
+    min_samples_per_prompt: int = Field(
+        2,
+        ge=1,
+        le=1024,
+        description="Groups with fewer completions are not sampled (log Z needs two).",
+    )
+    min_batch_prompts: int = Field(
+        1,
+        ge=1,
+        le=4096,
+        description="Fewest groups a batch needs; smaller draws wait for the buffer to fill.",
+    )
+    recency_probability: float = Field(
+        0.95, ge=0.0, le=1.0, description="m: probability a group is drawn by recency."
+    )
+    reward_temperature: float | None = Field(
+        None,
+        gt=0.0,
+        description="tau of reward-priority sampling, softmax(reward / tau); unset is uniform.",
+    )
+    max_age_versions: int | None = Field(
+        None, ge=0, le=1_000_000, description="Never train on completions older than this."
+    )
+    micro_batch_size: int = Field(
+        20, ge=1, le=65_536, description="Trajectories per forward/backward pass."
+    )
+    temperature: float = Field(
+        0.7,
+        gt=0.0,
+        le=100.0,
+        description="The searchers' sampling temperature: log-probs use logits / temperature.",
+    )
+    objective: Literal["tb", "rloo"] = Field(
+        "tb", description="`tb` (Trajectory Balance) or `rloo` (on-policy baseline)."
+    )
+    beta_start: float = Field(0.014, gt=0.0, le=1e4, description="KL coefficient at step 0.")
+    beta_end: float = Field(
+        0.004, gt=0.0, le=1e4, description="KL coefficient after `beta_anneal_steps`."
+    )
+    beta_anneal_steps: int = Field(
+        500, ge=0, le=10_000_000, description="Steps of linear beta anneal; 0 keeps beta_start."
+    )
+    importance_weights: bool = Field(
+        False, description="Weight each trajectory by its clipped importance ratio."
+    )
+    importance_weight_min: float = Field(
+        0.0, ge=0.0, le=1e6, description="Lower clip of exp(log pi_theta - log pi_behaviour)."
+    )
+    importance_weight_max: float = Field(
+        2.0, gt=0.0, le=1e6, description="Upper clip of exp(log pi_theta - log pi_behaviour)."
+    )
+    reference_reset_steps: int = Field(
+        0,
+        ge=0,
+        le=10_000_000,
+        description="rho: the reference becomes the current policy every rho steps; 0 never.",
+    )
+    publish_every_steps: int = Field(
+        2, ge=1, le=1_000_000, description="k: publish and announce weights every k steps."
+    )
+    publish_initial: bool = Field(
+        True, description="Publish the starting weights before the first step of a fresh run."
+    )
+    keep_versions: int = Field(
+        3, ge=1, le=10_000, description="Weight versions kept in the object store."
+    )
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of torch and of batch draws.")
+    data_poll_s: float = Field(
+        0.5, gt=0.0, le=600.0, description="Wait between draws while the buffer is too empty."
+    )
+    data_timeout_s: float = Field(
+        0.0, ge=0.0, le=604_800.0, description="Give up after waiting this long; 0 waits on."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="`auto` takes CUDA when present (the local rank's GPU)."
+    )
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> TrainerSettings:
+        if self.importance_weight_min >= self.importance_weight_max:
+            raise ValueError("importance_weight_min must be below importance_weight_max")
+        return self
+
+
+class ModelSettings(Section):
+    """`[model]`: the policy to train."""
+
+    source: str = Field(
+        "tiny",
+        min_length=1,
+        max_length=4096,
+        description="`tiny` builds tba.models.tiny from the tiny_* fields; otherwise a "
+        "directory (or hub name) for AutoModelForCausalLM and AutoTokenizer.",
+    )
+    dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="`bf16`: bfloat16 compute with fp32 master weights."
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in backward to save memory."
+    )
+    tiny_layers: int = Field(3, ge=1, le=64, description="Layers of the tiny model.")
+    tiny_width: int = Field(128, ge=8, le=8192, description="Hidden size of the tiny model.")
+    tiny_heads: int = Field(4, ge=1, le=128, description="Attention heads of the tiny model.")
+    tiny_positions: int = Field(
+        256, ge=8, le=32_768, description="Context length of the tiny model."
+    )
+
+
+class OptimSettings(Section):
+    """`[optim]`: AdamW and the learning-rate schedule."""
+
+    lr: float = Field(1e-5, gt=0.0, le=1.0, description="Peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1.")
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2.")
+    adam_eps: float = Field(1e-8, gt=0.0, le=1.0, description="AdamW epsilon.")
+    schedule: Literal["constant", "cosine", "wsd"] = Field(
+        "constant", description="`constant`, `cosine`, or `wsd` (warmup-stable-decay)."
+    )
+    warmup_steps: int = Field(
+        0, ge=0, le=10_000_000, description="Steps of linear warmup from 0 to `lr`."
+    )
+    decay_steps: int = Field(
+        0, ge=0, le=10_000_000, description="`wsd`: final steps of linear decay."
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0.0, le=1.0, description="Final learning rate of `cosine`/`wsd`, times `lr`."
+    )
+    max_grad_norm: float = Field(
+        1.0, ge=0.0, le=1e6, description="Clip the global gradient norm to this; 0 off."
+    )
+
+
+class CheckpointSettings(Section):
+    """`[checkpoint]`: training state to resume from."""
+
+    dir: str = Field(
+        "runs/checkpoints", min_length=1, max_length=4096, description="Checkpoint folder."
+    )
+    every_steps: int = Field(
+        50, ge=0, le=10_000_000, description="Checkpoint every this many steps; 0 only at end."
+    )
+    keep_last: int = Field(2, ge=1, le=1000, description="Checkpoints kept.")
+    resume: bool = Field(True, description="Continue from the newest checkpoint in `dir`.")
+
+
+class MetricsSettings(Section):
+    """`[metrics]`: where step metrics go."""
+
+    stdout: bool = Field(True, description="Print one line of metrics per logged step.")
+    jsonl_path: str | None = Field(
+        None, max_length=4096, description="Append one JSON object per logged step here."
+    )
+    log_every_steps: int = Field(1, ge=1, le=1_000_000, description="Log every n steps.")
+    prometheus_port: int | None = Field(
+        None, ge=0, le=65_535, description="Serve Prometheus /metrics here; unset off."
+    )
+    prometheus_host: str = Field("127.0.0.1", description="Address of the /metrics server.")
+    tensorboard_dir: str | None = Field(
+        None, max_length=4096, description="Write TensorBoard events here (needs tensorboard)."
+    )
+
+
+class DistributedSettings(Section):
+    """`[distributed]`: data-parallel training with DeepSpeed ZeRO under its launcher."""
+
+    backend: Literal["none", "deepspeed"] = Field(
+        "none", description="`deepspeed` under `deepspeed`/`torchrun`, else one process."
+    )
+    zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage.")
+    comm_backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend; `auto`: nccl on GPUs, gloo on CPU."
+    )

@@ -1,0 +1,208 @@
+"""The training loop: sample -> collate -> log-probs -> loss -> step, publish every k steps.
+
+Collaborators are injected: a `BatchSource` (the buffer client's `sample`), a
+`WeightPublisher`, a `MetricsSink`, a `Clock`, the `TrainEngine` and an optional
+`Checkpointer`. Every phase is timed (`time/wait_data_s`, `time/compute_s`,
+`time/publish_s`, `time/checkpoint_s`). Under data parallelism every rank runs this loop; rank
+0 draws the batch and the others receive it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from tba.domain import Batch, SampleSpec, WeightVersion
+from tba.trainer.checkpoint import Checkpointer, LoopState
+from tba.trainer.collate import TrainBatch, collate
+from tba.trainer.config import TrainerSettings
+from tba.trainer.engine import TrainEngine
+from tba.trainer.loss import Objective, beta_at
+from tba.trainer.metrics import MetricsSink
+from tba.trainer.reference import ReferenceResets
+from tba.trainer.step import StepResult, accumulate_gradients, plan_layout, policy_logprob_fn
+
+
+class BatchSource(Protocol):
+    def sample(self, spec: SampleSpec) -> Batch: ...
+
+
+class WeightPublisher(Protocol):
+    def publish(self, version: int, step: int) -> WeightVersion:
+        """Publishes the current weights as `version` and announces them."""
+        ...
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class DataTimeoutError(TimeoutError):
+    """The buffer had too few prompt groups for longer than `data_timeout_s`."""
+
+
+@dataclass
+class TrainerLoop:
+    settings: TrainerSettings
+    engine: TrainEngine
+    source: BatchSource
+    publisher: WeightPublisher
+    metrics: MetricsSink
+    objective: Objective
+    reference: ReferenceResets
+    pad_token_id: int
+    clock: Clock = field(default_factory=SystemClock)
+    checkpointer: Checkpointer | None = None
+    checkpoint_every_steps: int = 0
+    log_every_steps: int = 1
+    state: LoopState = field(default_factory=LoopState)
+
+    def run(self) -> LoopState:
+        """Trains until `settings.steps`; publishes and checkpoints the final state."""
+        if self.settings.publish_initial and self.state.published_step < 0:
+            self.publish()
+        while self.state.step < self.settings.steps:
+            self.train_step()
+        if self.state.published_step != self.state.step:
+            self.publish()
+        if self.checkpointer is not None:
+            self.checkpointer.save(self.state, self.reference)
+        return self.state
+
+    def train_step(self) -> dict[str, float]:
+        started = self.clock.monotonic()
+        batch = self.next_batch()
+        waited = self.clock.monotonic()
+        beta = beta_at(
+            self.state.step,
+            self.settings.beta_start,
+            self.settings.beta_end,
+            self.settings.beta_anneal_steps,
+        )
+        train = self.reference.relabel(collate(batch))
+        lr = self.engine.lr()
+        result = self._gradients(train, beta)
+        grad_norm = self.engine.step()
+        self.state.step += 1
+        self.state.beta = beta
+        if self.reference.due(self.state.step):
+            self.reference.reset(self.engine.model)
+        computed = self.clock.monotonic()
+        if self.state.step % self.settings.publish_every_steps == 0:
+            self.publish()
+        published = self.clock.monotonic()
+        if self._checkpoint_due():
+            assert self.checkpointer is not None
+            self.checkpointer.save(self.state, self.reference)
+        done = self.clock.monotonic()
+        times = (waited - started, computed - waited, published - computed, done - published)
+        values = self._values(train, result, grad_norm, lr, times)
+        if self.state.step % self.log_every_steps == 0:
+            self.metrics.write(self.state.step, values)
+        return values
+
+    def publish(self) -> WeightVersion:
+        weights = self.publisher.publish(self.state.version + 1, self.state.step)
+        self.state.version = weights.version
+        self.state.published_step = self.state.step
+        return weights
+
+    def next_batch(self) -> Batch:
+        """Rank 0 draws until the batch has `min_batch_prompts` groups; all ranks get it."""
+        batch = self._wait_for_batch() if self.engine.rank == 0 else None
+        received = self.engine.broadcast(batch)
+        assert received is not None
+        return received
+
+    def _wait_for_batch(self) -> Batch:
+        started = self.clock.monotonic()
+        attempt = 0
+        while True:
+            batch = self.source.sample(self._spec(attempt))
+            if sum(1 for g in batch.groups if g.trajectories) >= self.settings.min_batch_prompts:
+                return batch
+            waited_s = self.clock.monotonic() - started
+            if 0 < self.settings.data_timeout_s <= waited_s:
+                raise DataTimeoutError(
+                    f"buffer had fewer than {self.settings.min_batch_prompts} prompt groups "
+                    f"for {waited_s:.1f} s"
+                )
+            self.clock.sleep(self.settings.data_poll_s)
+            attempt += 1
+
+    def _spec(self, attempt: int) -> SampleSpec:
+        # Seeded by (run seed, step, attempt): a resumed run asks for the draws it would have.
+        seed = np.random.SeedSequence([self.settings.seed, self.state.step, attempt])
+        s = self.settings
+        return SampleSpec(
+            num_prompts=s.num_prompts,
+            samples_per_prompt=s.samples_per_prompt,
+            recency_probability=s.recency_probability,
+            reward_temperature=s.reward_temperature or float("inf"),
+            max_age_versions=s.max_age_versions,
+            min_samples_per_prompt=s.min_samples_per_prompt,
+            seed=int(seed.generate_state(1)[0]),
+        )
+
+    def _gradients(self, train: TrainBatch, beta: float) -> StepResult:
+        layout = plan_layout(
+            train, self.settings.micro_batch_size, self.engine.rank, self.engine.world_size
+        )
+        logprobs = policy_logprob_fn(self.engine, self.settings.temperature, self.pad_token_id)
+        return accumulate_gradients(self.engine, train, layout, self.objective, beta, logprobs)
+
+    def _checkpoint_due(self) -> bool:
+        every = self.checkpoint_every_steps
+        last = self.state.step >= self.settings.steps
+        return (
+            self.checkpointer is not None
+            and every > 0
+            and self.state.step % every == 0
+            and not last
+        )
+
+    def _values(
+        self,
+        train: TrainBatch,
+        result: StepResult,
+        grad_norm: float,
+        lr: float,
+        times: tuple[float, float, float, float],
+    ) -> dict[str, float]:
+        wait_s, compute_s, publish_s, checkpoint_s = times
+        staleness = (train.latest_version - train.policy_version).clamp(min=0).float()
+        step_s = sum(times)
+        return {
+            "trainer/loss": result.loss,
+            "trainer/log_z": result.log_z,
+            "trainer/beta": self.state.beta,
+            "trainer/grad_norm": grad_norm,
+            "trainer/lr": lr,
+            "trainer/kl": result.kl,
+            "trainer/policy_logprob": result.policy_logprob,
+            "trainer/reward_mean": float(train.inputs.reward.mean()),
+            "trainer/samples": float(train.size),
+            "trainer/groups": float(train.inputs.num_groups),
+            "trainer/micro_batches": float(result.micro_batches),
+            "trainer/samples_per_s": train.size / step_s if step_s > 0 else 0.0,
+            "trainer/staleness_mean": float(staleness.mean()),
+            "trainer/staleness_max": float(staleness.max()),
+            "trainer/version": float(self.state.version),
+            "time/wait_data_s": wait_s,
+            "time/compute_s": compute_s,
+            "time/publish_s": publish_s,
+            "time/checkpoint_s": checkpoint_s,
+        }

@@ -1,0 +1,201 @@
+"""The training objectives as pure tensor functions (DESIGN.md section 2).
+
+Trajectory Balance, per prompt group g with completions j:
+
+    delta_j  = log pi_theta(y_j|x) - log pi_ref(y_j|x) - r_j / beta      (sequence sums)
+    log Z_g  = stop_grad(-mean_{j in g} delta_j)                         (VarGrad estimate)
+    L        = sum_j w_j (log Z_g(j) + delta_j)^2 / N                    (N: all trajectories)
+
+with w_j = 1, or, behind config, clipped importance weights stop_grad(clip(exp(log pi_theta
+- log pi_behaviour))). With weights, log Z_g is the weighted mean, the log Z that minimises the
+weighted loss, so that the gradient is the same whether or not log Z is stopped.
+
+On on-policy data the TB gradient is -(2 / (beta N)) sum_j (r~_j - mean_g r~) grad log pi(y_j)
+with r~ = r - beta (log pi_theta - log pi_ref): REINFORCE with a per-prompt mean baseline and
+the KL penalty in the reward, scaled by 2 / beta.
+
+The baseline objective for comparisons on the same data is RLOO: advantages
+A_j = r~_j - mean_{i in g, i != j} r~_i (zero for a group of one) and L = -sum_j w_j A_j log
+pi_theta(y_j) / N.
+
+Both objectives split into per-trajectory constants that need the whole group (log Z, or the
+advantage: `baselines`) and per-trajectory terms (`terms`), so a micro-batch that holds only
+part of a group still computes exactly its share of the full-batch loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """What the loss needs of each trajectory besides the policy log-prob, as [n] tensors;
+    `group_index` maps each row to its prompt group in 0..num_groups-1."""
+
+    ref_logprob: torch.Tensor
+    behavior_logprob: torch.Tensor
+    reward: torch.Tensor
+    group_index: torch.Tensor
+    num_groups: int
+
+    def select(self, rows: torch.Tensor) -> LossInputs:
+        """The rows `rows`, with their groups renumbered 0..g-1 in order of appearance."""
+        groups, local = torch.unique(self.group_index[rows], sorted=True, return_inverse=True)
+        return LossInputs(
+            self.ref_logprob[rows],
+            self.behavior_logprob[rows],
+            self.reward[rows],
+            local,
+            int(groups.numel()),
+        )
+
+
+@dataclass(frozen=True)
+class ImportanceClip:
+    """Bounds of the per-sequence importance weight exp(log pi_theta - log pi_behaviour)."""
+
+    min_weight: float
+    max_weight: float
+
+
+def beta_at(step: int, beta_start: float, beta_end: float, anneal_steps: int) -> float:
+    """Linear anneal from `beta_start` at step 0 to `beta_end` at `anneal_steps`, then flat."""
+    if anneal_steps <= 0:
+        return beta_start
+    fraction = min(max(step, 0), anneal_steps) / anneal_steps
+    return beta_start + (beta_end - beta_start) * fraction
+
+
+def group_mean(
+    values: torch.Tensor,
+    group_index: torch.Tensor,
+    num_groups: int,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """[num_groups] (weighted) mean of `values` over the rows of each group."""
+    w = torch.ones_like(values) if weights is None else weights.to(values.dtype)
+    sums = group_sum(values * w, group_index, num_groups)
+    totals = group_sum(w, group_index, num_groups)
+    return sums / totals.clamp(min=torch.finfo(values.dtype).tiny)
+
+
+def group_sum(values: torch.Tensor, group_index: torch.Tensor, num_groups: int) -> torch.Tensor:
+    return values.new_zeros(num_groups).index_add_(0, group_index, values)
+
+
+def importance_weights(
+    policy_logprob: torch.Tensor, behavior_logprob: torch.Tensor, clip: ImportanceClip | None
+) -> torch.Tensor:
+    """Stop-gradient sequence importance weights, clipped; ones when `clip` is None."""
+    if clip is None:
+        return torch.ones_like(policy_logprob).detach()
+    ratio = torch.exp(policy_logprob.detach() - behavior_logprob)
+    return ratio.clamp(min=clip.min_weight, max=clip.max_weight)
+
+
+def tb_delta(policy_logprob: torch.Tensor, inputs: LossInputs, beta: float) -> torch.Tensor:
+    """delta_j = log pi_theta - log pi_ref - r / beta."""
+    return policy_logprob - inputs.ref_logprob - inputs.reward / beta
+
+
+def tb_log_z(
+    policy_logprob: torch.Tensor,
+    inputs: LossInputs,
+    beta: float,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """[num_groups] stop-gradient VarGrad estimate log Z_g = -(weighted) mean_g delta."""
+    delta = tb_delta(policy_logprob.detach(), inputs, beta)
+    return -group_mean(delta, inputs.group_index, inputs.num_groups, weights)
+
+
+def kl_shaped_reward(policy_logprob: torch.Tensor, inputs: LossInputs, beta: float) -> torch.Tensor:
+    """r~ = r - beta (log pi_theta - log pi_ref), stop-gradient."""
+    return inputs.reward - beta * (policy_logprob.detach() - inputs.ref_logprob)
+
+
+def rloo_advantages(policy_logprob: torch.Tensor, inputs: LossInputs, beta: float) -> torch.Tensor:
+    """A_j = r~_j - mean of r~ over the other members of j's group (0 alone in its group)."""
+    shaped = kl_shaped_reward(policy_logprob, inputs, beta)
+    sums = group_sum(shaped, inputs.group_index, inputs.num_groups)[inputs.group_index]
+    counts = group_sum(torch.ones_like(shaped), inputs.group_index, inputs.num_groups)
+    others = counts[inputs.group_index] - 1
+    baseline = (sums - shaped) / others.clamp(min=1)
+    return torch.where(others > 0, shaped - baseline, torch.zeros_like(shaped))
+
+
+class Objective(Protocol):
+    """A loss split into group-wide constants and per-trajectory terms (see module doc)."""
+
+    def baselines(
+        self, policy_logprob: torch.Tensor, inputs: LossInputs, beta: float
+    ) -> torch.Tensor:
+        """[n] stop-gradient constants that need the whole group."""
+        ...
+
+    def terms(
+        self,
+        policy_logprob: torch.Tensor,
+        inputs: LossInputs,
+        beta: float,
+        baselines: torch.Tensor,
+    ) -> torch.Tensor:
+        """[n] per-trajectory loss terms; the loss is their sum over N trajectories."""
+        ...
+
+
+@dataclass(frozen=True)
+class TrajectoryBalance:
+    clip: ImportanceClip | None = None
+
+    def baselines(
+        self, policy_logprob: torch.Tensor, inputs: LossInputs, beta: float
+    ) -> torch.Tensor:
+        weights = importance_weights(policy_logprob, inputs.behavior_logprob, self.clip)
+        return tb_log_z(policy_logprob, inputs, beta, weights)[inputs.group_index]
+
+    def terms(
+        self,
+        policy_logprob: torch.Tensor,
+        inputs: LossInputs,
+        beta: float,
+        baselines: torch.Tensor,
+    ) -> torch.Tensor:
+        weights = importance_weights(policy_logprob, inputs.behavior_logprob, self.clip)
+        return weights * (baselines + tb_delta(policy_logprob, inputs, beta)) ** 2
+
+
+@dataclass(frozen=True)
+class Rloo:
+    clip: ImportanceClip | None = None
+
+    def baselines(
+        self, policy_logprob: torch.Tensor, inputs: LossInputs, beta: float
+    ) -> torch.Tensor:
+        return rloo_advantages(policy_logprob, inputs, beta)
+
+    def terms(
+        self,
+        policy_logprob: torch.Tensor,
+        inputs: LossInputs,
+        beta: float,
+        baselines: torch.Tensor,
+    ) -> torch.Tensor:
+        weights = importance_weights(policy_logprob, inputs.behavior_logprob, self.clip)
+        return -weights * baselines * policy_logprob
+
+
+def tb_loss(
+    policy_logprob: torch.Tensor,
+    inputs: LossInputs,
+    beta: float,
+    clip: ImportanceClip | None = None,
+) -> torch.Tensor:
+    """The full-batch TB loss in one call (all groups present)."""
+    objective = TrajectoryBalance(clip)
+    baselines = objective.baselines(policy_logprob, inputs, beta)
+    return objective.terms(policy_logprob, inputs, beta, baselines).mean()

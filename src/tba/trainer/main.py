@@ -1,0 +1,177 @@
+"""`tba trainer run`: trains the policy from the buffer service and publishes weights.
+
+One process by default. Data parallel with DeepSpeed ZeRO under its launcher, e.g.
+
+    deepspeed --num_gpus 4 --no_local_rank --module tba trainer run \
+        --set distributed.backend=deepspeed --set distributed.zero_stage=2
+
+(or `torchrun --nproc_per_node 4 -m tba trainer run ...`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import model_validator
+
+from tba.buffer.config import BufferClientSettings
+from tba.commandline import Flag
+from tba.objectstore.config import ObjectStoreSettings
+from tba.settings import CommandSettings
+from tba.trainer.config import (
+    CheckpointSettings,
+    DistributedSettings,
+    MetricsSettings,
+    ModelSettings,
+    OptimSettings,
+    TrainerSettings,
+)
+
+if TYPE_CHECKING:
+    from tba.trainer.engine import TrainEngine
+    from tba.trainer.loop import TrainerLoop
+    from tba.trainer.loss import Objective
+
+HELP = "Train the policy with Trajectory Balance on batches from the buffer; publish weights."
+log = logging.getLogger(__name__)
+
+
+class TrainerRunSettings(CommandSettings):
+    trainer: TrainerSettings = TrainerSettings()
+    model: ModelSettings = ModelSettings()
+    optim: OptimSettings = OptimSettings()
+    checkpoint: CheckpointSettings = CheckpointSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    distributed: DistributedSettings = DistributedSettings()
+    objectstore: ObjectStoreSettings = ObjectStoreSettings()
+    client: BufferClientSettings = BufferClientSettings()
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> TrainerRunSettings:
+        zero3 = self.distributed.backend == "deepspeed" and self.distributed.zero_stage == 3
+        if zero3 and self.trainer.reference_reset_steps > 0:
+            raise ValueError("reference resets need full weights on each rank: not with ZeRO-3")
+        return self
+
+
+SETTINGS = TrainerRunSettings
+FLAGS = (
+    Flag("--buffer", "client.address", "host:port of the buffer service's gRPC server"),
+    Flag("--steps", "trainer.steps", "optimizer steps to train"),
+    Flag("--model", "model.source", "`tiny`, or a model directory / hub name"),
+    Flag("--store", "objectstore.uri", "where weights go: file://PATH or s3://BUCKET/PREFIX"),
+    Flag("--checkpoint-dir", "checkpoint.dir", "checkpoint folder (resumed from if present)"),
+    Flag("--metrics-jsonl", "metrics.jsonl_path", "append step metrics here as JSON lines"),
+    Flag("--objective", "trainer.objective", "`tb` (default) or `rloo`"),
+)
+
+
+def run(settings: CommandSettings) -> None:
+    assert isinstance(settings, TrainerRunSettings)
+    import torch
+
+    torch.manual_seed(settings.trainer.seed)
+    loop = build_loop(settings)
+    try:
+        state = loop.run()
+        log.info("trainer done: step %d, weight version %d", state.step, state.version)
+    finally:
+        loop.metrics.close()
+
+
+def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
+    """Wires the real collaborators: buffer client, object store, engine, checkpoints."""
+    from tba.objectstore import open_store
+    from tba.objectstore.weights import read_latest
+    from tba.rpc.client import BufferClient
+    from tba.trainer.checkpoint import Checkpointer, LoopState
+    from tba.trainer.loop import TrainerLoop
+    from tba.trainer.metrics import build_sinks
+    from tba.trainer.model import load_policy
+    from tba.trainer.publish import StorePublisher
+    from tba.trainer.reference import ReferenceResets
+
+    t = settings.trainer
+    tokenizer, model = load_policy(settings.model, seed=t.seed)
+    engine = build_engine(model, settings)
+    client = BufferClient(settings.client)
+    store = open_store(settings.objectstore)
+    reference = ReferenceResets(
+        t.reference_reset_steps,
+        t.temperature,
+        tokenizer.pad_token_id,
+        t.micro_batch_size,
+        engine.forward_context,
+    )
+    checkpointer = Checkpointer(
+        Path(settings.checkpoint.dir), settings.checkpoint.keep_last, engine
+    )
+    state = LoopState()
+    latest = checkpointer.latest() if settings.checkpoint.resume else None
+    if latest is not None:
+        state = checkpointer.load(latest, reference)
+        log.info("resumed from %s at step %d", latest, state.step)
+    if engine.rank == 0:
+        client.wait_ready(settings.client.timeout_s)
+        state.version = next_base_version(
+            state.version, client.latest_weights(), read_latest(store)
+        )
+    state.version = engine.broadcast(state.version)
+    return TrainerLoop(
+        settings=t,
+        engine=engine,
+        source=client,
+        publisher=StorePublisher(
+            store, engine, tokenizer, client.announce_weights, t.keep_versions
+        ),
+        metrics=build_sinks(settings.metrics, engine.rank),
+        objective=build_objective(t),
+        reference=reference,
+        pad_token_id=tokenizer.pad_token_id,
+        checkpointer=checkpointer,
+        checkpoint_every_steps=settings.checkpoint.every_steps,
+        log_every_steps=settings.metrics.log_every_steps,
+        state=state,
+    )
+
+
+def next_base_version(checkpointed: int, *announced: Any) -> int:
+    """The newest version any record knows of (checkpoint, buffer, store); the loop publishes
+    the one after it, so a version is never reused, even after a crash between publish and
+    checkpoint."""
+    return max([checkpointed, *(w.version for w in announced if w is not None)])
+
+
+def build_objective(t: TrainerSettings) -> Objective:
+    from tba.trainer.loss import ImportanceClip, Rloo, TrajectoryBalance
+
+    clip = None
+    if t.importance_weights:
+        clip = ImportanceClip(t.importance_weight_min, t.importance_weight_max)
+    return Rloo(clip) if t.objective == "rloo" else TrajectoryBalance(clip)
+
+
+def build_engine(model: Any, settings: TrainerRunSettings) -> TrainEngine:
+    import os
+
+    from tba.trainer.engine import LocalEngine, pick_device
+
+    bf16 = settings.model.dtype == "bf16"
+    if settings.distributed.backend == "deepspeed":
+        from tba.trainer.deepspeed_engine import DeepSpeedEngine
+
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        model.to(pick_device(settings.trainer.device, local_rank))
+        return DeepSpeedEngine(
+            model,
+            settings.optim,
+            settings.trainer.steps,
+            settings.distributed.zero_stage,
+            settings.trainer.micro_batch_size,
+            bf16=bf16,
+            comm_backend=settings.distributed.comm_backend,
+        )
+    device = pick_device(settings.trainer.device)
+    return LocalEngine(model, settings.optim, settings.trainer.steps, bf16=bf16, device=device)

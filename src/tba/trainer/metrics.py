@@ -1,0 +1,130 @@
+"""Where step metrics go: stdout, a JSONL file, Prometheus gauges, TensorBoard.
+
+Keys are `area/name` (`trainer/loss`, `time/compute_s`); Prometheus names are
+`tba_<area>_<name>`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+import prometheus_client
+
+from tba.trainer.config import MetricsSettings
+
+
+class MetricsSink(Protocol):
+    def write(self, step: int, values: Mapping[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class StdoutSink:
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stdout
+
+    def write(self, step: int, values: Mapping[str, float]) -> None:
+        shown = " ".join(f"{k}={_short(v)}" for k, v in values.items())
+        print(f"step {step} {shown}", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        return None
+
+
+class JsonlSink:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("a")
+
+    def write(self, step: int, values: Mapping[str, float]) -> None:
+        self._file.write(json.dumps({"step": step, **values}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class PrometheusSink:
+    """Gauges of the latest value of each key, served on `/metrics` from their own registry
+    (so several trainers in one test process do not collide)."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        self.registry = prometheus_client.CollectorRegistry()
+        self._gauges: dict[str, prometheus_client.Gauge] = {}
+        self._step = prometheus_client.Gauge(
+            "tba_trainer_step", "Optimizer steps done.", registry=self.registry
+        )
+        self.server, _ = prometheus_client.start_http_server(
+            port, addr=host, registry=self.registry
+        )
+        self.port = int(self.server.server_address[1])
+
+    def write(self, step: int, values: Mapping[str, float]) -> None:
+        self._step.set(step)
+        for key, value in values.items():
+            gauge = self._gauges.get(key)
+            if gauge is None:
+                gauge = prometheus_client.Gauge(prometheus_name(key), key, registry=self.registry)
+                self._gauges[key] = gauge
+            gauge.set(value)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class TensorBoardSink:
+    def __init__(self, log_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._writer: Any = SummaryWriter(log_dir=str(log_dir))
+
+    def write(self, step: int, values: Mapping[str, float]) -> None:
+        for key, value in values.items():
+            self._writer.add_scalar(key, value, step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class FanOut:
+    def __init__(self, sinks: Sequence[MetricsSink]) -> None:
+        self.sinks = list(sinks)
+
+    def write(self, step: int, values: Mapping[str, float]) -> None:
+        for sink in self.sinks:
+            sink.write(step, values)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def build_sinks(settings: MetricsSettings, rank: int = 0) -> FanOut:
+    """The sinks `settings` asks for; ranks other than 0 log nothing."""
+    if rank != 0:
+        return FanOut([])
+    sinks: list[MetricsSink] = []
+    if settings.stdout:
+        sinks.append(StdoutSink())
+    if settings.jsonl_path:
+        sinks.append(JsonlSink(Path(settings.jsonl_path)))
+    if settings.prometheus_port is not None:
+        sinks.append(PrometheusSink(settings.prometheus_port, settings.prometheus_host))
+    if settings.tensorboard_dir:
+        sinks.append(TensorBoardSink(Path(settings.tensorboard_dir)))
+    return FanOut(sinks)
+
+
+def prometheus_name(key: str) -> str:
+    return "tba_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+def _short(value: float) -> str:
+    return f"{value:.4g}"

@@ -1,0 +1,88 @@
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from tba.domain import WeightVersion
+from tba.settings import load_settings
+from tba.trainer.loss import Rloo, TrajectoryBalance
+from tba.trainer.main import TrainerRunSettings, build_objective, next_base_version
+
+
+def test_defaults_follow_the_paper_gsm8k_settings():
+    settings = load_settings(TrainerRunSettings)
+    t = settings.trainer
+    assert (t.num_prompts, t.samples_per_prompt, t.recency_probability) == (7, 20, 0.95)
+    assert (t.beta_start, t.beta_end, t.beta_anneal_steps) == (0.014, 0.004, 500)
+    assert t.publish_every_steps == 2 and t.objective == "tb"
+    assert settings.objectstore.uri.startswith("file://")
+
+
+def test_env_and_overrides(monkeypatch):
+    monkeypatch.setenv("TBA_TRAINER__PUBLISH_EVERY_STEPS", "10")
+    monkeypatch.setenv("TBA_OPTIM__SCHEDULE", "wsd")
+    settings = load_settings(TrainerRunSettings, overrides={"trainer.objective": "rloo"})
+    assert settings.trainer.publish_every_steps == 10
+    assert settings.optim.schedule == "wsd"
+    assert isinstance(build_objective(settings.trainer), Rloo)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("trainer.beta_start", "0"),
+        ("trainer.recency_probability", "1.5"),
+        ("trainer.objective", "dpo"),
+        ("optim.schedule", "linear"),
+        ("distributed.zero_stage", "4"),
+    ],
+)
+def test_out_of_bounds_values_are_errors(key, value):
+    with pytest.raises(ValidationError, match=key.split(".")[1]):
+        load_settings(TrainerRunSettings, overrides={key: value})
+
+
+def test_importance_clip_must_be_an_interval():
+    with pytest.raises(ValidationError, match="importance_weight_min"):
+        load_settings(
+            TrainerRunSettings,
+            overrides={"trainer.importance_weight_min": "3", "trainer.importance_weight_max": "2"},
+        )
+
+
+def test_reference_resets_are_refused_under_zero3():
+    overrides = {
+        "distributed.backend": "deepspeed",
+        "distributed.zero_stage": "3",
+        "trainer.reference_reset_steps": "5",
+    }
+    with pytest.raises(ValidationError, match="ZeRO-3"):
+        load_settings(TrainerRunSettings, overrides=overrides)
+
+
+def test_importance_weights_switch_on_the_clip():
+    settings = load_settings(TrainerRunSettings, overrides={"trainer.importance_weights": "true"})
+    objective = build_objective(settings.trainer)
+    assert isinstance(objective, TrajectoryBalance) and objective.clip is not None
+    assert objective.clip.max_weight == 2.0
+
+
+def test_next_version_comes_after_every_record():
+    buffer = WeightVersion(7, "file:///w/versions/v7", "a" * 64, 14, 0.0)
+    store = WeightVersion(8, "file:///w/versions/v8", "b" * 64, 16, 0.0)
+    assert next_base_version(5, buffer, store) == 8
+    assert next_base_version(9, buffer, None) == 9
+    assert next_base_version(0, None, None) == 0
+
+
+def test_print_config_lists_every_trainer_section():
+    out = subprocess.run(
+        [sys.executable, "-m", "tba", "trainer", "run", "--steps", "12", "--print-config"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for section in ("trainer", "model", "optim", "checkpoint", "metrics", "distributed"):
+        assert f"[{section}]" in out
+    assert "steps = 12" in out

@@ -1,0 +1,152 @@
+"""The objectives against values computed by hand (DESIGN.md section 2)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tba.trainer.loss import (
+    ImportanceClip,
+    LossInputs,
+    Rloo,
+    TrajectoryBalance,
+    beta_at,
+    importance_weights,
+    rloo_advantages,
+    tb_log_z,
+    tb_loss,
+)
+
+
+def inputs(ref, reward, groups, behavior=None) -> LossInputs:
+    ref_t = torch.tensor(ref, dtype=torch.float64)
+    return LossInputs(
+        ref_logprob=ref_t,
+        behavior_logprob=torch.tensor(behavior or ref, dtype=torch.float64),
+        reward=torch.tensor(reward, dtype=torch.float64),
+        group_index=torch.tensor(groups),
+        num_groups=max(groups) + 1,
+    )
+
+
+# Group 0: two completions; group 1: one. beta = 0.5.
+#   delta = logp - ref - r / beta = [-1.5, -0.5 | -3];  log Z = [1 | 3]
+#   residuals = [-0.5, 0.5 | 0];  L = (0.25 + 0.25 + 0) / 3 = 1/6
+#   dL/dlogp = 2 * residual / N = [-1/3, 1/3, 0]
+LOGP = [-1.0, -2.0, -3.0]
+CASE = inputs(ref=[-1.5, -1.5, -2.0], reward=[1.0, 0.0, 1.0], groups=[0, 0, 1])
+
+
+def test_tb_loss_and_gradient_by_hand():
+    logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
+    loss = tb_loss(logp, CASE, beta=0.5)
+    loss.backward()
+    assert loss.item() == pytest.approx(1 / 6)
+    assert logp.grad is not None
+    assert logp.grad.tolist() == pytest.approx([-1 / 3, 1 / 3, 0.0])
+
+
+def test_log_z_is_per_group_and_never_mixes_groups():
+    logp = torch.tensor(LOGP, dtype=torch.float64)
+    assert tb_log_z(logp, CASE, beta=0.5).tolist() == pytest.approx([1.0, 3.0])
+    other = inputs(ref=[-1.5, -1.5, 7.0], reward=[1.0, 0.0, -4.0], groups=[0, 0, 1])
+    assert tb_log_z(logp, other, beta=0.5)[0].item() == pytest.approx(1.0)
+
+
+def test_clipped_importance_weights_by_hand():
+    # ratios exp(logp - behaviour) = [e^0.5, e^-1, 1] clipped to [0.5, 1.5] -> [1.5, 0.5, 1]
+    clip = ImportanceClip(0.5, 1.5)
+    behaviour = torch.tensor([-1.5, -1.0, -3.0], dtype=torch.float64)
+    weights = importance_weights(torch.tensor(LOGP, dtype=torch.float64), behaviour, clip)
+    assert weights.tolist() == pytest.approx([1.5, 0.5, 1.0])
+    # Weighted log Z of group 0: -(1.5 * -1.5 + 0.5 * -0.5) / 2 = 1.25; residuals
+    # [-0.25, 0.75]; L = (1.5 * 0.0625 + 0.5 * 0.5625) / 3 = 0.125;
+    # dL/dlogp = 2 w r / N = [-0.25, 0.25, 0].
+    case = inputs([-1.5, -1.5, -2.0], [1.0, 0.0, 1.0], [0, 0, 1], behavior=[-1.5, -1.0, -3.0])
+    logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
+    loss = tb_loss(logp, case, beta=0.5, clip=clip)
+    loss.backward()
+    assert loss.item() == pytest.approx(0.125)
+    assert logp.grad is not None
+    assert logp.grad.tolist() == pytest.approx([-0.25, 0.25, 0.0])
+
+
+def test_without_importance_weights_every_weight_is_one():
+    weights = importance_weights(torch.tensor(LOGP), torch.zeros(3), None)
+    assert weights.tolist() == [1.0, 1.0, 1.0]
+
+
+def random_case(seed: int, sizes: list[int]) -> tuple[torch.Tensor, LossInputs]:
+    gen = torch.Generator().manual_seed(seed)
+    n = sum(sizes)
+    groups = [g for g, size in enumerate(sizes) for _ in range(size)]
+    logp = -torch.rand(n, generator=gen, dtype=torch.float64) * 20
+    ref = logp.detach() - torch.randn(n, generator=gen, dtype=torch.float64)
+    reward = (torch.rand(n, generator=gen) > 0.5).double()
+    return logp, LossInputs(ref, logp.detach().clone(), reward, torch.tensor(groups), len(sizes))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tb_gradient_is_reinforce_with_mean_baseline_and_kl_in_the_reward(seed):
+    logp, case = random_case(seed, sizes=[4, 2, 5, 1])
+    beta = 0.1
+    logp.requires_grad_(True)
+    tb_loss(logp, case, beta).backward()
+    shaped = case.reward - beta * (logp.detach() - case.ref_logprob)
+    baseline = torch.stack([shaped[case.group_index == g].mean() for g in case.group_index])
+    expected = -(2 / (beta * len(shaped))) * (shaped - baseline)
+    assert logp.grad is not None
+    torch.testing.assert_close(logp.grad, expected)
+
+
+def test_stopping_log_z_does_not_change_the_gradient():
+    logp, case = random_case(3, sizes=[3, 4])
+    beta = 0.2
+    logp.requires_grad_(True)
+    tb_loss(logp, case, beta).backward()
+    assert logp.grad is not None
+    stopped = logp.grad.clone()
+    live = logp.detach().clone().requires_grad_(True)
+    delta = live - case.ref_logprob - case.reward / beta
+    log_z = torch.stack([-delta[case.group_index == g].mean() for g in range(2)])
+    ((log_z[case.group_index] + delta) ** 2).mean().backward()
+    assert live.grad is not None
+    torch.testing.assert_close(live.grad, stopped)
+
+
+def test_rloo_advantages_and_gradient_by_hand():
+    # beta 0.5, logp - ref = [0, -1, -2 | 0] -> r~ = r + [0, 0.5, 1 | 0] = [1, 0.5, 1 | 1]
+    # A = [1 - 0.75, 0.5 - 1, 1 - 0.75 | 0 (alone)] = [0.25, -0.5, 0.25, 0]
+    case = inputs(ref=[-1.0, -1.0, -1.0, -2.0], reward=[1.0, 0.0, 0.0, 1.0], groups=[0, 0, 0, 1])
+    logp = torch.tensor([-1.0, -2.0, -3.0, -2.0], dtype=torch.float64, requires_grad=True)
+    advantages = rloo_advantages(logp, case, beta=0.5)
+    assert advantages.tolist() == pytest.approx([0.25, -0.5, 0.25, 0.0])
+    objective = Rloo()
+    loss = objective.terms(logp, case, 0.5, objective.baselines(logp, case, 0.5)).mean()
+    loss.backward()
+    assert logp.grad is not None
+    assert logp.grad.tolist() == pytest.approx([-0.0625, 0.125, -0.0625, 0.0])
+
+
+def test_tb_objective_baselines_are_log_z_of_each_row_group():
+    logp = torch.tensor(LOGP, dtype=torch.float64)
+    baselines = TrajectoryBalance().baselines(logp, CASE, beta=0.5)
+    assert baselines.tolist() == pytest.approx([1.0, 1.0, 3.0])
+
+
+def test_select_renumbers_groups_in_order():
+    case = inputs(ref=[0.0] * 5, reward=[0.0] * 5, groups=[0, 0, 1, 2, 2])
+    part = case.select(torch.tensor([3, 4, 1]))
+    assert part.num_groups == 2
+    assert part.group_index.tolist() == [1, 1, 0]
+
+
+def test_linear_beta_schedule():
+    assert beta_at(0, 0.014, 0.004, 500) == pytest.approx(0.014)
+    assert beta_at(250, 0.014, 0.004, 500) == pytest.approx(0.009)
+    assert beta_at(500, 0.014, 0.004, 500) == pytest.approx(0.004)
+    assert beta_at(9000, 0.014, 0.004, 500) == pytest.approx(0.004)
+    assert beta_at(7, 0.05, 0.01, 0) == 0.05
+    assert math.isclose(beta_at(1, 1.0, 0.0, 4), 0.75)

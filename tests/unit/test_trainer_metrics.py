@@ -1,0 +1,23 @@
+import io
+import json
+
+from tba.trainer.metrics import FanOut, JsonlSink, StdoutSink, prometheus_name
+
+
+def test_jsonl_and_stdout_sinks(tmp_path):
+    stream = io.StringIO()
+    sink = FanOut([JsonlSink(tmp_path / "m" / "metrics.jsonl"), StdoutSink(stream)])
+    sink.write(1, {"trainer/loss": 0.5, "time/compute_s": 0.25})
+    sink.write(2, {"trainer/loss": 0.125})
+    sink.close()
+    lines = (tmp_path / "m" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"step": 1, "trainer/loss": 0.5, "time/compute_s": 0.25},
+        {"step": 2, "trainer/loss": 0.125},
+    ]
+    assert stream.getvalue().splitlines()[0] == "step 1 trainer/loss=0.5 time/compute_s=0.25"
+
+
+def test_prometheus_names():
+    assert prometheus_name("trainer/grad_norm") == "tba_trainer_grad_norm"
+    assert prometheus_name("time/wait_data_s") == "tba_time_wait_data_s"
