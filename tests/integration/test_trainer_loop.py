@@ -13,11 +13,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tba.domain import Batch, Prompt, PromptGroup, SampleSource, SampleSpec, Trajectory, pack_tokens
+from tba.models.config import ModelSettings
 from tba.models.logprobs import sequence_logprobs
 from tba.objectstore.local import FileStore
 from tba.objectstore.weights import fetch_weights, list_versions, read_latest
 from tba.trainer.checkpoint import Checkpointer, LoopState
-from tba.trainer.config import ModelSettings, OptimSettings, TrainerSettings
+from tba.trainer.config import OptimSettings, TrainerSettings
 from tba.trainer.engine import LocalEngine
 from tba.trainer.loop import DataTimeoutError, TrainerLoop
 from tba.trainer.loss import TrajectoryBalance

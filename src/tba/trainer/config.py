@@ -1,5 +1,5 @@
-"""Settings of the trainer (`tba trainer run`): `[trainer]`, `[model]`, `[optim]`,
-`[checkpoint]`, `[metrics]` and `[distributed]`."""
+"""Settings of the trainer (`tba trainer run`): `[trainer]`, `[optim]`, `[checkpoint]`,
+`[metrics]` and `[distributed]`; `[model]` is `tba.models.config.ModelSettings`."""
 
 from __future__ import annotations
 
@@ -100,30 +100,6 @@ class TrainerSettings(Section):
         if self.importance_weight_min >= self.importance_weight_max:
             raise ValueError("importance_weight_min must be below importance_weight_max")
         return self
-
-
-class ModelSettings(Section):
-    """`[model]`: the policy to train."""
-
-    source: str = Field(
-        "tiny",
-        min_length=1,
-        max_length=4096,
-        description="`tiny` builds tba.models.tiny from the tiny_* fields; otherwise a "
-        "directory (or hub name) for AutoModelForCausalLM and AutoTokenizer.",
-    )
-    dtype: Literal["fp32", "bf16"] = Field(
-        "fp32", description="`bf16`: bfloat16 compute with fp32 master weights."
-    )
-    gradient_checkpointing: bool = Field(
-        False, description="Recompute activations in backward to save memory."
-    )
-    tiny_layers: int = Field(3, ge=1, le=64, description="Layers of the tiny model.")
-    tiny_width: int = Field(128, ge=8, le=8192, description="Hidden size of the tiny model.")
-    tiny_heads: int = Field(4, ge=1, le=128, description="Attention heads of the tiny model.")
-    tiny_positions: int = Field(
-        256, ge=8, le=32_768, description="Context length of the tiny model."
-    )
 
 
 class OptimSettings(Section):

@@ -18,13 +18,13 @@ from pydantic import model_validator
 
 from tba.buffer.config import BufferClientSettings
 from tba.commandline import Flag
+from tba.models.config import ModelSettings
 from tba.objectstore.config import ObjectStoreSettings
 from tba.settings import CommandSettings
 from tba.trainer.config import (
     CheckpointSettings,
     DistributedSettings,
     MetricsSettings,
-    ModelSettings,
     OptimSettings,
     TrainerSettings,
 )
