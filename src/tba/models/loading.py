@@ -3,6 +3,7 @@ config (tests, the demo), or a directory / hub name through transformers."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,3 +33,16 @@ def load_model(settings: ModelSettings, seed: int = 0) -> tuple[Any, Any]:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer, model
+
+
+def materialize(settings: ModelSettings, seed: int, directory: Path) -> Path:
+    """A `from_pretrained` directory (or hub name) holding the model `settings` names, for
+    engines that load from one (vLLM): `source` itself unless it is `tiny`, which is built
+    from `seed` and saved with its tokenizer into `directory`."""
+    if settings.source != "tiny":
+        return Path(settings.source)
+    tokenizer, model = load_model(settings, seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    return directory

