@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml scripts/install.sh
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/tba buffer serve --grpc-port 0 --http-port 0
+	$(BIN)/tba local
 
 test: lint typecheck
 	$(BIN)/pytest tests

@@ -7,4 +7,5 @@ pytest_plugins = [
     "tests.fixtures.redis_server",
     "tests.fixtures.seaweedfs",
     "tests.fixtures.buffer_service",
+    "tests.fixtures.local_run",
 ]

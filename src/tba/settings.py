@@ -30,7 +30,8 @@ S = TypeVar("S", bound="CommandSettings")
 class Section(BaseModel):
     """One `[section]` of a run config; unknown keys are errors, not silently ignored."""
 
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # Errors name the field but never echo its value: values may be secrets (tokens, keys).
+    model_config = ConfigDict(extra="forbid", validate_default=True, hide_input_in_errors=True)
 
 
 class CommandSettings(BaseSettings):
@@ -41,6 +42,7 @@ class CommandSettings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         nested_model_default_partial_update=True,
+        hide_input_in_errors=True,
     )
     env_prefix: ClassVar[str] = "TBA_"
 
@@ -61,7 +63,7 @@ class CommandSettings(BaseSettings):
 
     def to_toml(self) -> str:
         """The resolved settings as a TOML run config (None values left out)."""
-        return tomli_w.dumps(_drop_none(self.model_dump(mode="json")))
+        return tomli_w.dumps(drop_none(self.model_dump(mode="json")))
 
 
 def load_settings(
@@ -89,7 +91,7 @@ def nest_dotted(flat: dict[str, Any]) -> dict[str, Any]:
     return nested
 
 
-def _drop_none(value: Any) -> Any:
+def drop_none(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+        return {k: drop_none(v) for k, v in value.items() if v is not None}
     return value

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -37,12 +38,16 @@ class StdoutSink:
 
 
 class JsonlSink:
-    def __init__(self, path: Path) -> None:
+    """One JSON object per step: `step`, `time_s` (Unix time, to plot against wall time) and
+    the values."""
+
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = path.open("a")
+        self._clock = clock
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
-        self._file.write(json.dumps({"step": step, **values}) + "\n")
+        self._file.write(json.dumps({"step": step, "time_s": self._clock(), **values}) + "\n")
         self._file.flush()
 
     def close(self) -> None:

@@ -1,0 +1,101 @@
+"""Settings of `tba local`: `[local]` (the run), `[bootstrap]` (the demo's own base model), and
+the sections of the services it starts, with defaults tuned for the arithmetic demo on 2 CPU
+cores. Each child gets its sections as a TOML run config in the run directory."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from tba.searcher.config import SearcherSettings
+from tba.settings import Section
+from tba.trainer.config import OptimSettings, TrainerSettings
+
+
+class LocalSettings(Section):
+    """`[local]`: one machine, every service as its own process."""
+
+    run_dir: str = Field(
+        "runs/local",
+        min_length=1,
+        max_length=4096,
+        description="Folder of everything a run writes.",
+    )
+    mode: Literal["async", "sync"] = Field(
+        "async",
+        description="`async`: TBA. `sync`: the on-policy baseline on the same code (k=1, m=1, "
+        "only the newest version trained on, searchers wait while the trainer trains).",
+    )
+    searchers: int = Field(1, ge=1, le=64, description="Searcher processes.")
+    model: str | None = Field(
+        None,
+        max_length=4096,
+        description="A base model directory; unset: the task builds and pre-trains a tiny one "
+        "(`[bootstrap]`, arithmetic only).",
+    )
+    eval_prompts: int = Field(
+        500, ge=1, le=100_000, description="Held-out prompts scored greedily for accuracy."
+    )
+    eval_interval_s: float = Field(
+        5.0, gt=0.0, le=3600.0, description="Least time between evaluations of new versions."
+    )
+    threads_per_process: int = Field(
+        1, ge=1, le=256, description="torch threads of each child (2 cores: 1 each is best)."
+    )
+    progress: bool = Field(True, description="Show a live progress bar.")
+    start_timeout_s: float = Field(
+        300.0, gt=0.0, le=3600.0, description="Longest wait for a service to become ready."
+    )
+
+
+class BootstrapSettings(Section):
+    """`[bootstrap]`: the tiny char-level GPT-2 the demo pre-trains itself (supervised, seeded,
+    cached in the run directory) to a modest accuracy that leaves room for RL."""
+
+    chars: str = Field("0123456789+=", min_length=1, description="The tokenizer's characters.")
+    n_layer: int = Field(3, ge=1, le=48, description="Layers.")
+    n_embd: int = Field(128, ge=8, le=4096, description="Width.")
+    n_head: int = Field(4, ge=1, le=64, description="Attention heads.")
+    n_positions: int = Field(32, ge=8, le=4096, description="Context length.")
+    steps: int = Field(
+        650, ge=0, le=1_000_000, description="Supervised steps (the base is chosen by steps)."
+    )
+    batch_size: int = Field(64, ge=1, le=65_536, description="Prompts per supervised step.")
+    lr: float = Field(1e-3, gt=0.0, le=1.0, description="AdamW learning rate.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of weights and batches.")
+
+
+def demo_trainer() -> TrainerSettings:
+    return TrainerSettings(
+        steps=300,
+        num_prompts=16,
+        samples_per_prompt=8,
+        min_samples_per_prompt=2,
+        min_batch_prompts=8,
+        max_age_versions=4,
+        recency_probability=0.95,
+        micro_batch_size=128,
+        temperature=1.0,
+        beta_start=0.1,
+        beta_end=0.1,
+        beta_anneal_steps=0,
+        publish_every_steps=2,
+        keep_versions=3,
+        data_poll_s=0.1,
+    )
+
+
+def demo_searcher() -> SearcherSettings:
+    return SearcherSettings(
+        prompts_per_round=16,
+        samples_per_prompt=8,
+        max_new_tokens=5,
+        temperature=1.0,
+        drop_duplicates=False,
+        idle_poll_s=0.2,
+    )
+
+
+def demo_optim() -> OptimSettings:
+    return OptimSettings(lr=1e-4, max_grad_norm=1.0)

@@ -1,0 +1,113 @@
+"""Held-out accuracy of each weight version as it is published: greedy completions of the
+task's test prompts, scored by the task's reward. Runs in the `tba local` process."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tba.domain import Prompt
+from tba.objectstore import ObjectStore
+from tba.objectstore.weights import fetch_weights, read_latest
+from tba.tasks.base import Task
+from tba.tasks.evaluate import evaluate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    wall_s: float  # since the services started
+    version: int
+    step: int
+    accuracy: float
+
+
+def greedy_completions(
+    model: Any, tokenizer: Any, texts: list[str], max_new_tokens: int
+) -> list[str]:
+    """Greedy completion texts (up to EOS), left-padded in one batch."""
+    tokenizer.padding_side = "left"
+    encoded = tokenizer(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        output = model.generate(
+            **encoded,
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    new_tokens = output[:, encoded["input_ids"].shape[1] :]
+    return tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+
+
+class Evaluator:
+    def __init__(
+        self,
+        task: Task,
+        prompts: list[Prompt],
+        tokenizer: Any,
+        max_new_tokens: int,
+        log_path: Path,
+    ) -> None:
+        self.task = task
+        self.prompts = prompts
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.log_path = log_path
+        self.points: list[EvalPoint] = []
+
+    def accuracy(self, model: Any) -> float:
+        model.eval()
+        result = evaluate(
+            self.task,
+            self.prompts,
+            lambda batch: greedy_completions(
+                model, self.tokenizer, [p.text for p in batch], self.max_new_tokens
+            ),
+        )
+        return result.accuracy
+
+    def record(self, model: Any, wall_s: float, version: int, step: int) -> EvalPoint:
+        point = EvalPoint(wall_s, version, step, self.accuracy(model))
+        self.points.append(point)
+        with self.log_path.open("a") as out:
+            out.write(json.dumps(asdict(point)) + "\n")
+        return point
+
+
+class VersionWatcher:
+    """Evaluates the newest published version when one appears (skipping those a slow
+    evaluation missed); ignores versions published before this run started."""
+
+    def __init__(
+        self, store: ObjectStore, evaluator: Evaluator, cache_dir: Path, started_at_s: float
+    ) -> None:
+        self.store = store
+        self.evaluator = evaluator
+        self.cache_dir = cache_dir
+        self.started_at_s = started_at_s
+        self.seen_version = 0
+
+    def poll(self) -> EvalPoint | None:
+        from transformers import AutoModelForCausalLM
+
+        latest = read_latest(self.store)
+        if latest is None or latest.version <= self.seen_version:
+            return None
+        if latest.published_at_s < self.started_at_s:
+            return None
+        self.seen_version = latest.version
+        folder = fetch_weights(self.store, latest, self.cache_dir / f"v{latest.version}")
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        shutil.rmtree(folder, ignore_errors=True)
+        wall_s = latest.published_at_s - self.started_at_s
+        point = self.evaluator.record(model, wall_s, latest.version, latest.step)
+        log.info("version %d (step %d): accuracy %.3f", point.version, point.step, point.accuracy)
+        return point

@@ -1,0 +1,193 @@
+"""One `tba local` run: base model, services, live evaluation and progress, report."""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import time
+from pathlib import Path
+
+from tba.local import children
+from tba.local.evaluator import Evaluator, VersionWatcher
+from tba.local.main import LocalRunSettings
+from tba.local.progress import ProgressView
+from tba.local.report import plot, read_jsonl, summarize
+from tba.local.supervisor import Child, Supervisor
+from tba.tasks.base import Split, Task
+from tba.tasks.registry import build_task
+
+log = logging.getLogger(__name__)
+BUFFER_READY = r"buffer service ready: grpc ([\d.]+:\d+), http (http://[\d.:]+)"
+SEARCHER_READY = r"searcher ready"
+# What a new run replaces; cached base models (base-*) stay.
+RUN_OUTPUTS = (
+    "weights",
+    "checkpoints",
+    "metrics",
+    "logs",
+    "eval",
+    "eval.jsonl",
+    "plot.png",
+    "summary.json",
+)
+
+
+class ServiceFailedError(RuntimeError):
+    """A child service exited with an error; its log names the cause."""
+
+
+class LocalRun:
+    def __init__(self, settings: LocalRunSettings) -> None:
+        self.settings = settings
+        self.run_dir = Path(settings.local.run_dir)
+        children.apply_mode(settings)
+
+    def run(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.settings.local.threads_per_process)
+        self._clear_previous_outputs()
+        task = build_task(self.settings.task)
+        base = self._base_model(task)
+        evaluator = self._evaluator(task, base)
+        supervisor = Supervisor(self.run_dir / "logs")
+        started_at_s = time.time()
+        steps = 0
+        try:
+            steps = self._serve(supervisor, base, evaluator, started_at_s)
+        except KeyboardInterrupt:
+            print("interrupted: stopping every service")
+        finally:
+            supervisor.stop_all()
+        self._report(evaluator, steps, time.time() - started_at_s, started_at_s)
+
+    def _serve(
+        self, supervisor: Supervisor, base: Path, evaluator: Evaluator, started_at_s: float
+    ) -> int:
+        """Starts the services and follows the run until the trainer finishes; the step count."""
+        from tba.objectstore import open_store
+
+        address = self._start_buffer(supervisor)
+        trainer = self._start_trainer_and_searchers(supervisor, base, address)
+        watcher = VersionWatcher(
+            open_store(self.settings.objectstore), evaluator, self.run_dir / "eval", started_at_s
+        )
+        trainer_log = self.run_dir / "metrics" / "trainer.jsonl"
+        with ProgressView(self.settings.trainer.steps, self.settings.local.progress) as view:
+            last_eval_s = 0.0
+            while trainer.proc.poll() is None:
+                self._check_children(supervisor)
+                if time.monotonic() - last_eval_s >= self.settings.local.eval_interval_s:
+                    last_eval_s = time.monotonic()
+                    watcher.poll()
+                view.update(read_jsonl(trainer_log)[-1:], evaluator.points)
+                time.sleep(0.5)
+            self._check_children(supervisor)
+            watcher.poll()
+            rows = read_jsonl(trainer_log)
+            view.update(rows[-1:], evaluator.points)
+        return int(rows[-1]["step"]) if rows else 0
+
+    def _start_buffer(self, supervisor: Supervisor) -> str:
+        config = children.buffer_config(self.settings, self.run_dir)
+        buffer = supervisor.start(
+            "buffer", children.command("buffer", "serve", "--config", str(config))
+        )
+        ready = self._wait_ready(supervisor, buffer, BUFFER_READY)
+        address, http_url = ready.group(1), ready.group(2)
+        print(f"dashboard: {http_url}/   stats: {http_url}/v1/stats   logs: {supervisor.log_dir}")
+        return address
+
+    def _start_trainer_and_searchers(
+        self, supervisor: Supervisor, base: Path, address: str
+    ) -> Child:
+        env = {
+            **children.secret_env(self.settings),
+            "OMP_NUM_THREADS": str(self.settings.local.threads_per_process),
+        }
+        searchers = []
+        for index in range(self.settings.local.searchers):
+            config = children.searcher_config(self.settings, self.run_dir, base, address, index)
+            argv = children.command("searcher", "run", "--config", str(config))
+            searchers.append(supervisor.start(f"searcher-{index}", argv, env))
+        config = children.trainer_config(self.settings, self.run_dir, base, address)
+        trainer = supervisor.start(
+            "trainer", children.command("trainer", "run", "--config", str(config)), env
+        )
+        for searcher in searchers:
+            self._wait_ready(supervisor, searcher, SEARCHER_READY)
+        return trainer
+
+    def _wait_ready(self, supervisor: Supervisor, child: Child, pattern: str) -> re.Match[str]:
+        try:
+            return child.wait_for_line(pattern, self.settings.local.start_timeout_s)
+        except RuntimeError as exc:
+            raise ServiceFailedError(f"{exc}:\n{_tail(child.log_path)}") from exc
+
+    @staticmethod
+    def _check_children(supervisor: Supervisor) -> None:
+        failed = supervisor.failed()
+        if failed is not None:
+            raise ServiceFailedError(
+                f"{failed.name} exited with code {failed.proc.returncode}; its log "
+                f"({failed.log_path}) ends:\n{_tail(failed.log_path)}"
+            )
+
+    def _base_model(self, task: Task) -> Path:
+        if self.settings.local.model:
+            return Path(self.settings.local.model)
+        if task.name != "arithmetic":
+            raise SystemExit(
+                f"error: give --model for task {task.name!r} (only arithmetic bootstraps its own)"
+            )
+        from tba.local.bootstrap import bootstrap_base_model
+
+        print("pre-training the tiny base model (cached for later runs)...", flush=True)
+        return bootstrap_base_model(
+            self.run_dir, self.settings.bootstrap, task.prompts(Split.TRAIN)
+        )
+
+    def _evaluator(self, task: Task, base: Path) -> Evaluator:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        prompts = task.prompts(Split.TEST)[: self.settings.local.eval_prompts]
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        evaluator = Evaluator(
+            task,
+            prompts,
+            tokenizer,
+            self.settings.searcher.max_new_tokens,
+            self.run_dir / "eval.jsonl",
+        )
+        point = evaluator.record(AutoModelForCausalLM.from_pretrained(base), 0.0, 0, 0)
+        print(
+            f"base model held-out accuracy: {point.accuracy:.3f} on {len(prompts)} prompts",
+            flush=True,
+        )
+        return evaluator
+
+    def _clear_previous_outputs(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for name in RUN_OUTPUTS:
+            path = self.run_dir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        for folder in self.run_dir.glob("searcher-*"):
+            shutil.rmtree(folder)
+
+    def _report(self, evaluator: Evaluator, steps: int, wall_s: float, started_at_s: float) -> None:
+        from tba.local.report import print_summary
+
+        summary = summarize(self.settings.local.mode, evaluator.points, steps, wall_s)
+        trainer_rows = read_jsonl(self.run_dir / "metrics" / "trainer.jsonl")
+        plot(evaluator.points, trainer_rows, started_at_s, self.run_dir / "plot.png")
+        print_summary(summary, self.run_dir)
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    if not path.exists():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

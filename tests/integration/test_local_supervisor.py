@@ -1,0 +1,53 @@
+"""`tba local` starts its services together and stops them together: Ctrl-C (SIGINT) leaves no
+process behind."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from tba.local.supervisor import Supervisor
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_supervisor_stops_in_reverse_order_and_kills_the_stubborn(tmp_path):
+    supervisor = Supervisor(tmp_path / "logs", grace_s=1.0)
+    ignores_term = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    first = supervisor.start("first", [sys.executable, "-c", "import time; time.sleep(60)"])
+    second = supervisor.start(
+        "second", [sys.executable, "-c", ignores_term + "print('up', flush=True); time.sleep(60)"]
+    )
+    second.wait_for_line("up", timeout_s=30)
+    supervisor.stop_all()
+    assert first.proc.returncode == -signal.SIGTERM
+    assert second.proc.returncode == -signal.SIGKILL
+    assert "up" in (tmp_path / "logs" / "second.log").read_text()
+
+
+def test_ctrl_c_stops_every_service(tmp_path, demo_base_model):
+    cmd = [sys.executable, "-m", "tba", "local", "--run-dir", str(tmp_path / "run")]
+    cmd += ["--model", str(demo_base_model), "--steps", "100000", "--set", "local.progress=false"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "started trainer" in line:
+            break
+    pids = [int(p) for p in re.findall(r"started \S+ \(pid (\d+)\)", "".join(lines))]
+    assert len(pids) == 3, lines  # buffer, searcher, trainer
+    time.sleep(5)
+    proc.send_signal(signal.SIGINT)
+    output = "".join(lines) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, output
+    assert "interrupted: stopping every service" in output
+    assert not [pid for pid in pids if _alive(pid)], output
