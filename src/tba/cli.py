@@ -16,6 +16,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("trainer", "run"): "tba.trainer.main",
     ("searcher", "run"): "tba.searcher.main",
     ("local",): "tba.local.main",
+    ("eval",): "tba.eval.main",
 }
 
 

@@ -21,9 +21,23 @@ def _gsm8k(settings: TaskSettings) -> Task:
     return Gsm8kTask(settings.gsm8k)
 
 
+def _preference(settings: TaskSettings) -> Task:
+    from tba.tasks.preference import PreferenceTask
+
+    return PreferenceTask(settings.preference)
+
+
+def _redteam(settings: TaskSettings) -> Task:
+    from tba.tasks.redteam import RedteamTask
+
+    return RedteamTask(settings.redteam)
+
+
 BUILDERS: dict[str, Callable[[TaskSettings], Task]] = {
     "arithmetic": _arithmetic,
     "gsm8k": _gsm8k,
+    "preference": _preference,
+    "redteam": _redteam,
 }
 
 

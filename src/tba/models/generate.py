@@ -1,0 +1,138 @@
+"""Text in, text out generation with a transformers causal LM, for evaluation (the policy's
+completions) and for tasks that run a model (the red-teaming victim). Greedy at temperature
+0, else sampling from the full distribution of logits / temperature; batched, left-padded."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tba.errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class GeneratedText:
+    """One completion, cut after its first EOS. `finished` is False when the length limit
+    ended it instead."""
+
+    text: str
+    token_ids: list[int]
+    finished: bool
+
+
+def generate_texts(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    n: int = 1,
+    batch_size: int = 64,
+    seed: int | None = None,
+) -> list[list[GeneratedText]]:
+    """`n` completions of each prompt, in prompt order. A prompt too long for the model's
+    context keeps its end. Replaces the model's generation defaults (top-k, repetition
+    penalties from its hub config) with neutral ones, so sampling is from the model itself."""
+    if max_new_tokens < 1 or n < 1 or batch_size < 1 or temperature < 0:
+        raise InvalidArgumentError("max_new_tokens, n and batch_size >= 1, temperature >= 0")
+    eos_ids = eos_token_ids(tokenizer, model.config)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    _neutral_generation_config(model, tokenizer, eos_ids, pad_id)
+    keep = _prompt_budget(model, max_new_tokens)
+    rows = [_prompt_ids(tokenizer, text, eos_ids[0])[-keep:] for text in prompts for _ in range(n)]
+    flat: list[GeneratedText] = []
+    device = next(model.parameters()).device
+    with torch.no_grad(), _seeded(seed, device):
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            new_tokens = _generate(model, chunk, pad_id, max_new_tokens, temperature, device)
+            flat += [_cut(tokenizer, tokens, eos_ids) for tokens in new_tokens]
+    return [flat[i : i + n] for i in range(0, len(flat), n)]
+
+
+def eos_token_ids(tokenizer: Any, config: Any) -> list[int]:
+    """EOS ids of the tokenizer and the model config (which may list several)."""
+    ids: list[int] = []
+    for value in (tokenizer.eos_token_id, getattr(config, "eos_token_id", None)):
+        for token in value if isinstance(value, list) else [value]:
+            if token is not None and int(token) not in ids:
+                ids.append(int(token))
+    if not ids:
+        raise InvalidArgumentError("the tokenizer and model config name no EOS token")
+    return ids
+
+
+def _neutral_generation_config(model: Any, tokenizer: Any, eos_ids: list[int], pad: int) -> None:
+    from transformers import GenerationConfig
+
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=eos_ids, pad_token_id=pad
+    )
+
+
+def _prompt_budget(model: Any, max_new_tokens: int) -> int:
+    """Most prompt tokens that leave room for `max_new_tokens` in the model's context."""
+    context = getattr(model.config, "max_position_embeddings", None)
+    if context is None:
+        return 1 << 62
+    if context - max_new_tokens < 1:
+        raise InvalidArgumentError(
+            f"max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's "
+            f"context of {context}"
+        )
+    return int(context - max_new_tokens)
+
+
+def _prompt_ids(tokenizer: Any, text: str, fallback: int) -> list[int]:
+    # An empty prompt (an empty attack, say) still needs one token to condition on.
+    return list(tokenizer(text)["input_ids"]) or [fallback]
+
+
+def _generate(
+    model: Any,
+    rows: list[list[int]],
+    pad_id: int,
+    max_new_tokens: int,
+    temperature: float,
+    device: torch.device,
+) -> list[list[int]]:
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        input_ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        attention_mask[i, width - len(row) :] = 1
+    sampling: dict[str, Any] = {"do_sample": False}
+    if temperature > 0:
+        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+    out = model.generate(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        max_new_tokens=max_new_tokens,
+        **sampling,
+    )
+    return [list(map(int, row)) for row in out[:, width:].tolist()]
+
+
+def _cut(tokenizer: Any, tokens: list[int], eos_ids: list[int]) -> GeneratedText:
+    """Up to and including the first EOS; the padding `generate` put after it goes."""
+    for i, token in enumerate(tokens):
+        if token in eos_ids:
+            kept = tokens[: i + 1]
+            return GeneratedText(tokenizer.decode(kept, skip_special_tokens=True), kept, True)
+    return GeneratedText(tokenizer.decode(tokens, skip_special_tokens=True), tokens, False)
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Seeds sampling without disturbing the process's global random state."""
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
