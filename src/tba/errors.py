@@ -22,5 +22,9 @@ class ResourceExhaustedError(TbaError):
     """The request is larger than the service accepts."""
 
 
+class UnauthenticatedError(TbaError):
+    """The request carries no valid credentials for a service that requires them."""
+
+
 class UnavailableError(TbaError):
     """A backing service (store, object store) cannot be reached right now; retry later."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
+from typing import Self
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from tba.settings import Section
 
@@ -78,6 +80,19 @@ class BufferSettings(Section):
     rate_window_s: float = Field(
         30.0, gt=0, description="Window over which adds/s and samples/s are measured."
     )
+    auth_token: SecretStr | None = Field(
+        None,
+        min_length=16,
+        description="Shared token every gRPC call and REST write must carry "
+        "(`authorization: Bearer TOKEN`); health, metrics and reads stay open. Unset: no "
+        "check (a warning at start). Clients set the same value as `client.auth_token`.",
+    )
+    tls_cert_file: Path | None = Field(
+        None, description="PEM certificate (chain) of the gRPC server; set with tls_key_file."
+    )
+    tls_key_file: Path | None = Field(
+        None, description="PEM private key of tls_cert_file. Both unset: plaintext gRPC."
+    )
 
     @field_validator("store")
     @classmethod
@@ -93,6 +108,12 @@ class BufferSettings(Section):
             raise ValueError("reward_histogram_edges must be strictly increasing")
         return value
 
+    @model_validator(mode="after")
+    def _check_tls_pair(self) -> Self:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file are set together or not at all")
+        return self
+
 
 class BufferClientSettings(Section):
     """`[client]`: how trainers and searchers reach the buffer service."""
@@ -107,4 +128,12 @@ class BufferClientSettings(Section):
     )
     retry_backoff_s: float = Field(
         0.5, gt=0, le=60, description="First backoff; doubles each retry up to 10 s."
+    )
+    auth_token: SecretStr | None = Field(
+        None, min_length=16, description="The buffer's `buffer.auth_token`, sent on every call."
+    )
+    tls_ca_file: Path | None = Field(
+        None,
+        description="PEM certificate(s) that sign the buffer's TLS certificate; set: the "
+        "client speaks TLS and checks the server against them. Unset: plaintext gRPC.",
     )

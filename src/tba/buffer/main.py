@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from tba.buffer.access import redact_url
 from tba.buffer.config import BufferSettings
 from tba.commandline import Flag
 from tba.settings import CommandSettings
@@ -30,17 +31,9 @@ def announce_ready(settings: BufferSettings, grpc_port: int, http_port: int) -> 
     print(
         f"buffer service ready: grpc {settings.grpc_host}:{grpc_port}, http {url} "
         f"(dashboard {url}/, stats {url}/v1/stats, API docs {url}/docs), "
-        f"store {_safe_store(settings.store)}",
+        f"store {redact_url(settings.store)}",
         flush=True,
     )
-
-
-def _safe_store(url: str) -> str:
-    """The store URL without a password."""
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"
 
 
 def run(settings: CommandSettings) -> None:

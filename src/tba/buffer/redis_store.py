@@ -24,6 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tba.buffer import codec
+from tba.buffer.access import redact_url
 from tba.buffer.store import Candidate, StoreCounters, StoreLimits
 from tba.domain import (
     AddResult,
@@ -59,7 +60,7 @@ def _unavailable_on_connection_error(url: str) -> Iterator[None]:
     try:
         yield
     except (RedisConnectionError, RedisTimeoutError) as e:
-        raise UnavailableError(f"redis at {url} cannot be reached: {e}") from e
+        raise UnavailableError(f"redis at {redact_url(url)} cannot be reached: {e}") from e
 
 
 class RedisStore:

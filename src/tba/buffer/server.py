@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import uvicorn
 
+from tba.buffer.access import NO_TOKEN_WARNING
 from tba.buffer.config import BufferSettings
 from tba.buffer.rest import create_app
 from tba.buffer.service import BufferService
@@ -44,14 +45,14 @@ async def serve(
     settings: BufferSettings, on_ready: Callable[[int, int], None] | None = None
 ) -> None:
     """Serves until cancelled or signalled; `on_ready(grpc_port, http_port)` once listening."""
+    if settings.auth_token is None:
+        log.warning(NO_TOKEN_WARNING)
     store = open_store(settings.store, settings.key_prefix, store_limits(settings))
     service = BufferService(store, settings)
-    grpc_server, grpc_port = await start_grpc_server(
-        service, settings.grpc_host, settings.grpc_port, settings.max_message_bytes
-    )
+    grpc_server, grpc_port = await start_grpc_server(service, settings)
     http_socket = _bind(settings.http_host, settings.http_port)
     http_port = http_socket.getsockname()[1]
-    app = create_app(service, settings.max_message_bytes)
+    app = create_app(service, settings.max_message_bytes, settings.auth_token)
     http_server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
     http_task = asyncio.create_task(http_server.serve(sockets=[http_socket]))
     stop = asyncio.Event()

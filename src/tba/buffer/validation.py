@@ -12,6 +12,12 @@ from tba.domain import FinishReason, Prompt, SampleSpec, Trajectory, WeightVersi
 from tba.errors import InvalidArgumentError, ResourceExhaustedError
 
 MAX_ID_CHARS = 128
+# Versions and steps stay exact as doubles (Redis's Lua compares them as numbers).
+MAX_VERSION = 2**53 - 1
+# Rewards and log-probs beyond this are errors upstream; the bound keeps sums in stats finite.
+MAX_ABS_VALUE = 1e12
+# Seconds since the epoch, up to the year 5138.
+MAX_TIME_S = 1e11
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -33,6 +39,20 @@ def check_finite(value: float, field: str) -> None:
         raise _fail(f"{field} must be a finite number, got {value}")
 
 
+def check_text(value: str, field: str) -> None:
+    """Text reaches stores and replies as UTF-8; JSON can carry what UTF-8 cannot."""
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise _fail(f"{field} is not valid Unicode text (it holds a lone surrogate)") from exc
+
+
+def check_bounded(value: float, field: str, low: float, high: float) -> None:
+    check_finite(value, field)
+    if not low <= value <= high:
+        raise _fail(f"{field} must be in [{low:g}, {high:g}], got {value:g}")
+
+
 def check_count(value: int, field: str, low: int, high: int) -> None:
     if value < low:
         raise _fail(f"{field} must be at least {low}, got {value}")
@@ -51,6 +71,7 @@ def check_prompts(prompts: Sequence[Prompt], settings: BufferSettings) -> None:
                 raise ResourceExhaustedError(
                     f"prompts[{i}].{name} is longer than {settings.max_text_chars} characters"
                 )
+            check_text(getattr(prompt, name), f"prompts[{i}].{name}")
 
 
 def check_lease(
@@ -80,8 +101,10 @@ def check_add(
 
 def check_trajectory(t: Trajectory, where: str, settings: BufferSettings) -> None:
     check_id(t.prompt_id, f"{where}.prompt_id")
-    for name in ("reward", "ref_logprob", "behavior_logprob", "created_at_s"):
-        check_finite(getattr(t, name), f"{where}.{name}")
+    for name in ("reward", "ref_logprob", "behavior_logprob"):
+        check_bounded(getattr(t, name), f"{where}.{name}", -MAX_ABS_VALUE, MAX_ABS_VALUE)
+    check_bounded(t.created_at_s, f"{where}.created_at_s", 0, MAX_TIME_S)
+    check_bounded(t.policy_version, f"{where}.policy_version", 0, MAX_VERSION)
     if not t.completion_token_ids:
         raise _fail(f"{where}.completion_token_ids is empty")
     for name in ("prompt_token_ids", "completion_token_ids"):
@@ -95,6 +118,7 @@ def check_trajectory(t: Trajectory, where: str, settings: BufferSettings) -> Non
         )
     if len(t.completion_text) > settings.max_text_chars:
         raise ResourceExhaustedError(f"{where}.completion_text is too long")
+    check_text(t.completion_text, f"{where}.completion_text")
     if t.finish_reason not in set(FinishReason):
         raise _fail(f"{where}.finish_reason {t.finish_reason} is not a known value")
 
@@ -111,10 +135,11 @@ def check_sample(spec: SampleSpec, settings: BufferSettings) -> None:
 
 
 def check_weights(weights: WeightVersion) -> None:
-    if weights.version < 1:
-        raise _fail("weights.version must be at least 1")
+    check_bounded(weights.version, "weights.version", 1, MAX_VERSION)
+    check_bounded(weights.step, "weights.step", 0, MAX_VERSION)
     if not weights.uri or len(weights.uri) > 4096:
         raise _fail("weights.uri is required (at most 4096 characters)")
+    check_text(weights.uri, "weights.uri")
     if not _SHA256.match(weights.sha256):
         raise _fail("weights.sha256 must be 64 lowercase hex digits")
-    check_finite(weights.published_at_s, "weights.published_at_s")
+    check_bounded(weights.published_at_s, "weights.published_at_s", 0, MAX_TIME_S)

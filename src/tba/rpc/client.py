@@ -2,6 +2,8 @@
 
 Calls that fail with UNAVAILABLE (service restarting, Redis reconnecting) are retried with
 exponential backoff; AddTrajectories retries reuse the request id, so nothing is stored twice.
+With `auth_token` set every call carries it as `authorization: Bearer` metadata; with
+`tls_ca_file` set the channel is TLS, checked against those certificates.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TypeVar
 import grpc
 
 from tba import domain
+from tba.buffer.access import AUTHORIZATION, bearer_header
 from tba.buffer.config import BufferClientSettings
 from tba.rpc import convert
 from tba.rpc.status import error_from_rpc
@@ -34,13 +37,22 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
+def open_channel(settings: BufferClientSettings) -> grpc.Channel:
+    """A channel to the buffer: TLS when `tls_ca_file` is set, else plaintext."""
+    options = channel_options(settings.max_message_bytes)
+    if settings.tls_ca_file is None:
+        return grpc.insecure_channel(settings.address, options=options)
+    credentials = grpc.ssl_channel_credentials(root_certificates=settings.tls_ca_file.read_bytes())
+    return grpc.secure_channel(settings.address, credentials, options=options)
+
+
 class BufferClient:
     def __init__(self, settings: BufferClientSettings | None = None) -> None:
         self.settings = settings or BufferClientSettings()
-        self._channel = grpc.insecure_channel(
-            self.settings.address, options=channel_options(self.settings.max_message_bytes)
-        )
+        self._channel = open_channel(self.settings)
         self._stub = pb_grpc.ReplayBufferStub(self._channel)
+        token = self.settings.auth_token
+        self._metadata = ((AUTHORIZATION, bearer_header(token)),) if token is not None else ()
 
     def close(self) -> None:
         self._channel.close()
@@ -109,7 +121,7 @@ class BufferClient:
         backoff_s = self.settings.retry_backoff_s
         for attempt in range(self.settings.retries + 1):
             try:
-                return method(request, timeout=self.settings.timeout_s)
+                return method(request, timeout=self.settings.timeout_s, metadata=self._metadata)
             except grpc.RpcError as exc:
                 retryable = exc.code() in _RETRYABLE
                 if not retryable or attempt == self.settings.retries:

@@ -1,22 +1,27 @@
 """The gRPC server of the buffer service: `tba.v1.ReplayBuffer` (grpc.aio), the standard
-health service and reflection. Servicer methods translate and delegate to BufferService;
-domain errors become status codes through `tba.rpc.status`."""
+health service and reflection; optionally TLS and a bearer token (`tba.rpc.auth`). Servicer
+methods translate and delegate to BufferService; domain errors become status codes through
+`tba.rpc.status`, and a request that does not decode becomes INVALID_ARGUMENT."""
 
 from __future__ import annotations
 
 import functools
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from tba.buffer.config import BufferSettings
 from tba.buffer.service import BufferService
 from tba.errors import TbaError
 from tba.rpc import convert
+from tba.rpc.auth import TokenInterceptor
 from tba.rpc.client import channel_options
 from tba.rpc.status import code_for
 from tba.v1 import buffer_pb2 as pb
@@ -24,7 +29,28 @@ from tba.v1 import buffer_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ReplayBuffer"].full_name
+SERVICE = pb.DESCRIPTOR.services_by_name["ReplayBuffer"]
+SERVICE_NAME = SERVICE.full_name
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """What a request that is not a valid message of its type decodes to."""
+
+    reason: str
+
+
+def _tolerant_decoder(message_type: type[Message]) -> Callable[[bytes], Message | Undecodable]:
+    """grpc answers a decoder's exception with UNKNOWN and a logged traceback; bad bytes from
+    a client are its error, so they decode to `Undecodable` and the servicer refuses them."""
+
+    def decode(data: bytes) -> Message | Undecodable:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as exc:
+            return Undecodable(str(exc))
+
+    return decode
 
 
 def _maps_errors(
@@ -32,6 +58,10 @@ def _maps_errors(
 ) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]:
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        if isinstance(request, Undecodable):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}"
+            )
         try:
             return await method(self, request, context)
         except TbaError as exc:
@@ -88,20 +118,48 @@ class ReplayBufferServicer(pb_grpc.ReplayBufferServicer):
         return pb.GetLatestWeightsResponse(available=True, weights=convert.weights_to_pb(latest))
 
 
+def _replay_buffer_handler(servicer: ReplayBufferServicer) -> grpc.GenericRpcHandler:
+    handlers = {
+        method.name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method.name),
+            request_deserializer=_tolerant_decoder(getattr(pb, method.input_type.name)),
+            response_serializer=lambda message: message.SerializeToString(),
+        )
+        for method in SERVICE.methods
+    }
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
+def _server_credentials(settings: BufferSettings) -> grpc.ServerCredentials | None:
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    pair = (settings.tls_key_file.read_bytes(), settings.tls_cert_file.read_bytes())
+    return grpc.ssl_server_credentials([pair])
+
+
 async def start_grpc_server(
-    service: BufferService, host: str, port: int, max_message_bytes: int
+    service: BufferService, settings: BufferSettings
 ) -> tuple[grpc.aio.Server, int]:
-    """Starts serving; returns the server and the bound port (useful when `port` is 0)."""
-    server = grpc.aio.server(options=channel_options(max_message_bytes))
-    pb_grpc.add_ReplayBufferServicer_to_server(ReplayBufferServicer(service), server)
+    """Starts serving; returns the server and the bound port (useful when `grpc_port` is 0)."""
+    token = settings.auth_token
+    server = grpc.aio.server(
+        options=channel_options(settings.max_message_bytes),
+        interceptors=[TokenInterceptor(token)] if token is not None else [],
+    )
+    server.add_generic_rpc_handlers((_replay_buffer_handler(ReplayBufferServicer(service)),))
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    bound_port = server.add_insecure_port(f"{host}:{port}")
+    address = f"{settings.grpc_host}:{settings.grpc_port}"
+    credentials = _server_credentials(settings)
+    if credentials is None:
+        bound_port = server.add_insecure_port(address)
+    else:
+        bound_port = server.add_secure_port(address, credentials)
     if bound_port == 0:
-        raise OSError(f"cannot bind gRPC server to {host}:{port}")
+        raise OSError(f"cannot bind gRPC server to {address}")
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

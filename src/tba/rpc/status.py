@@ -12,6 +12,7 @@ _TO_CODE: dict[type[errors.TbaError], grpc.StatusCode] = {
     errors.FailedPreconditionError: grpc.StatusCode.FAILED_PRECONDITION,
     errors.ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.UnavailableError: grpc.StatusCode.UNAVAILABLE,
+    errors.UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
 }
 _FROM_CODE = {code: cls for cls, code in _TO_CODE.items()}
 
