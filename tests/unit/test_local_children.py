@@ -71,3 +71,12 @@ def test_async_mode_keeps_the_settings(tmp_path):
     before = settings.model_copy(deep=True)
     children.apply_mode(settings)
     assert settings == before
+
+
+def test_the_buffer_token_goes_to_every_child_by_environment(tmp_path):
+    settings = LocalRunSettings(
+        local={"run_dir": str(tmp_path)}, buffer={"auth_token": SecretStr("t" * 24)}
+    )
+    assert "t" * 24 not in children.buffer_config(settings, tmp_path).read_text()
+    env = children.secret_env(settings)
+    assert env["TBA_BUFFER__AUTH_TOKEN"] == env["TBA_CLIENT__AUTH_TOKEN"] == "t" * 24

@@ -27,8 +27,12 @@ def write_config(path: Path, sections: dict[str, Any]) -> Path:
 
 
 def secret_env(settings: LocalRunSettings) -> dict[str, str]:
-    """The object-store credentials as the children's environment variables."""
+    """The object-store credentials and the buffer's token as the children's environment
+    variables."""
     env = {}
+    token = settings.buffer.auth_token
+    if token is not None:
+        env["TBA_BUFFER__AUTH_TOKEN"] = env["TBA_CLIENT__AUTH_TOKEN"] = token.get_secret_value()
     for name in SECRET_FIELDS:
         secret = getattr(settings.objectstore, name)
         if secret is not None:
@@ -54,7 +58,8 @@ def apply_mode(settings: LocalRunSettings) -> None:
 
 
 def buffer_config(settings: LocalRunSettings, run_dir: Path) -> Path:
-    return write_config(run_dir / "buffer.toml", {"buffer": _dump(settings.buffer)})
+    buffer = _dump(settings.buffer, exclude={"auth_token"})
+    return write_config(run_dir / "buffer.toml", {"buffer": buffer})
 
 
 def trainer_config(settings: LocalRunSettings, run_dir: Path, base: Path, address: str) -> Path:
