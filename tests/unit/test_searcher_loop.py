@@ -1,13 +1,16 @@
 """The searcher loop's own logic on a tiny real engine, reference and weight sync, with an
 in-process buffer that records what is posted (and can fail) where the point is the loop:
-de-duplication, the reward guard, chunking and retries, skipped prompts, min_version."""
+de-duplication, the reward guard, chunking and retries, skipped prompts, min_version, and
+rounds whose finish (reward, reference, posting) overlaps the next round's generation."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,6 +22,7 @@ from tba.models.loading import load_model
 from tba.objectstore.local import FileStore
 from tba.objectstore.weights import publish_weights
 from tba.searcher.config import EngineSettings, SearcherSettings
+from tba.searcher.engine import SamplingParams
 from tba.searcher.hf_engine import TransformersEngine
 from tba.searcher.loop import SearcherLoop
 from tba.searcher.metrics import SearcherMetrics
@@ -234,19 +238,139 @@ def test_stopping_while_waiting_for_min_version_ends_the_round(tmp_path):
     assert not buffer.attempts
 
 
-def test_sync_generates_one_round_per_version(tmp_path):
+def test_sync_generates_one_round_per_version_after_posting_the_last(tmp_path):
     store = FileStore(f"file://{tmp_path / 'store'}")
     versions = []
     for v in (1, 2):
         tokenizer, model = load_model(MODEL, v)
         versions.append(publish_weights(store, v, v, model, tokenizer))
-    announced = [versions[0]] * 4 + [versions[1]]
+    buffer = RecordingBuffer(PROMPTS)
 
     def latest():
-        return announced.pop(0) if len(announced) > 1 else announced[0]
+        # As a trainer does: the next version only once the searcher's round is in.
+        return versions[min(len(buffer.adds), 1)]
 
-    buffer = RecordingBuffer(PROMPTS)
     loop = make_loop(tmp_path, buffer, latest=latest, sync=True, max_rounds=2)
+    trace = trace_rounds(loop, buffer, gate=False)
     assert loop.run() == 2
-    assert not announced[1:]  # the second round waited through the repeats of version 1
+    assert trace.posted_at_generate == [0, 1]
     assert [{t.policy_version for t in batch} for batch, _, _ in buffer.adds] == [{1}, {2}]
+
+
+@dataclass
+class TracingEngine:
+    """The loop's engine, calling `before` as each generation starts."""
+
+    inner: Any
+    before: Callable[[], None]
+
+    @property
+    def version(self) -> int:
+        return int(self.inner.version)
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> Any:
+        self.before()
+        return self.inner.generate(prompts, params)
+
+
+@dataclass
+class RoundTrace:
+    """What a loop did: rounds posted as each generation started, generations started (an
+    event each), and the metrics written."""
+
+    posted_at_generate: list[int] = field(default_factory=list)
+    generating: list[threading.Event] = field(
+        default_factory=lambda: [threading.Event() for _ in range(10)]
+    )
+    metrics: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+
+    def write(self, round_index: int, values: Mapping[str, float]) -> None:
+        self.metrics.append((round_index, dict(values)))
+
+
+@dataclass
+class GatedReference:
+    """The reference model, except that round k's scoring holds on until generation k + 1
+    has started (for k < `last_round`): a loop that does not overlap rounds never gets
+    there, and the assertion fails in the finish stage."""
+
+    inner: Any
+    trace: RoundTrace
+    last_round: int
+    calls: int = 0
+
+    def score(
+        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+    ) -> list[float]:
+        self.calls += 1
+        if self.calls < self.last_round:
+            assert self.trace.generating[self.calls + 1].wait(timeout=120)
+        return list(self.inner.score(prompts, completions))
+
+
+def trace_rounds(
+    loop: SearcherLoop,
+    buffer: RecordingBuffer,
+    gate: bool = True,
+    stop_at_generation: int = 0,
+) -> RoundTrace:
+    """Records the loop's rounds; with `gate`, each finish waits for the next generation
+    (up to `max_rounds`, or the generation during which the loop is stopped)."""
+    trace = RoundTrace()
+
+    def before_generate() -> None:
+        trace.posted_at_generate.append(len(buffer.adds))
+        count = len(trace.posted_at_generate)
+        if count == stop_at_generation:
+            loop.stop.set()
+        trace.generating[count].set()
+
+    loop.engine = TracingEngine(loop.engine, before_generate)
+    loop.metrics = trace
+    if gate:
+        last = stop_at_generation or loop.settings.max_rounds
+        loop.reference = GatedReference(loop.reference, trace, last)
+    return trace
+
+
+def test_each_rounds_finish_overlaps_the_next_generation_one_round_at_a_time(tmp_path):
+    buffer = RecordingBuffer(PROMPTS)
+    loop = make_loop(tmp_path, buffer, max_rounds=3)
+    trace = trace_rounds(loop, buffer)
+    assert loop.run() == 3
+    # Round 1 was not posted before generation 2 started (its finish waited for it), and
+    # generation 3 started only after round 1 was posted: one round in flight at most.
+    assert trace.posted_at_generate == [0, 0, 1]
+    assert [lease for _, lease, _ in buffer.adds] == ["lease-1"] * 3
+    assert [index for index, _ in trace.metrics] == [1, 2, 3]
+    for _, values in trace.metrics:
+        assert values["searcher/wait_finish_s"] >= 0
+        assert values["searcher/trajectories"] == 3
+
+
+def test_stopping_posts_the_round_generating_and_the_round_in_flight(tmp_path):
+    buffer = RecordingBuffer(PROMPTS)
+    loop = make_loop(tmp_path, buffer)
+    trace = trace_rounds(loop, buffer, stop_at_generation=2)
+    assert loop.run() == 2
+    assert trace.posted_at_generate == [0, 0]
+    assert [lease for _, lease, _ in buffer.adds] == ["lease-1"] * 2
+    assert [index for index, _ in trace.metrics] == [1, 2]
+
+
+def test_an_error_in_the_finish_stage_is_raised_by_the_loop(tmp_path):
+    # Round 1's posting fails while round 2 generates; the loop raises before handing
+    # round 2 over, so nothing more is posted or generated.
+    buffer = RecordingBuffer(PROMPTS, failures=1)
+    loop = make_loop(tmp_path, buffer, add_retries=0, max_rounds=5)
+    trace = trace_rounds(loop, buffer, gate=False)
+    with pytest.raises(UnavailableError):
+        loop.run()
+    assert len(trace.posted_at_generate) == 2 and len(buffer.attempts) == 1
+    assert not buffer.adds and not trace.metrics
+
+    # The last round's error is raised too, once run() has waited for it.
+    last = RecordingBuffer(PROMPTS, failures=1)
+    with pytest.raises(UnavailableError):
+        make_loop(tmp_path, last, add_retries=0, max_rounds=1).run()
+    assert len(last.attempts) == 1

@@ -1,0 +1,283 @@
+"""The finish stage of a searcher round: what happens to a round's completions once they are
+generated.
+
+    drop duplicates -> reward -> reference log-probs -> AddTrajectories (acknowledging the
+    lease) -> round metrics
+
+`SearcherLoop.run` runs it on one worker thread while the next round generates. It touches
+none of the loop's generation state (engine, weights, tokenizer): only the frozen reference
+model, the task's reward, the buffer and the metrics. Its phases are timed
+(`searcher/<phase>_s`) beside the loop's own, which arrive in the `GeneratedRound`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from tba.domain import AddResult, FinishReason, Prompt, Trajectory, pack_tokens
+from tba.errors import UnavailableError
+from tba.searcher.config import SearcherSettings
+from tba.searcher.engine import Completion
+
+log = logging.getLogger(__name__)
+
+
+class TrajectorySink(Protocol):
+    def add_trajectories(
+        self,
+        trajectories: Sequence[Trajectory],
+        searcher_id: str,
+        lease_id: str = "",
+        request_id: str | None = None,
+    ) -> AddResult: ...
+
+
+class Rewarder(Protocol):
+    def reward(self, prompt: Prompt, completion_text: str) -> float: ...
+
+
+class ReferenceModel(Protocol):
+    def score(
+        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+    ) -> list[float]: ...
+
+
+class RoundMetrics(Protocol):
+    def write(self, round_index: int, values: Mapping[str, float]) -> None: ...
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+
+    def time(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def time(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class Phases:
+    """Seconds of each phase, in order; a phase marked twice adds up."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.started = self.last = clock.monotonic()
+        self.seconds: dict[str, float] = {}
+
+    def done(self, name: str) -> None:
+        now = self.clock.monotonic()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def total(self) -> float:
+        return self.last - self.started
+
+
+@dataclass(frozen=True)
+class GeneratedRound:
+    """What the loop hands to the finish stage: a round's completions and how they came."""
+
+    index: int
+    lease_id: str
+    prompts: list[Prompt]
+    prompt_tokens: list[list[int]]
+    completions: list[list[Completion]]
+    version: int
+    latest_version: int
+    reload_s: float | None
+    loop_seconds: dict[str, float]
+
+
+@dataclass
+class Candidate:
+    """A completion on its way to becoming a trajectory."""
+
+    prompt: Prompt
+    prompt_tokens: list[int]
+    completion: Completion
+    reward: float = 0.0
+
+
+@dataclass
+class RoundFinisher:
+    settings: SearcherSettings
+    searcher_id: str
+    buffer: TrajectorySink
+    task: Rewarder
+    reference: ReferenceModel
+    metrics: RoundMetrics
+    clock: Clock
+
+    def finish(self, generated: GeneratedRound) -> dict[str, float]:
+        """Posts the round's trajectories, acknowledging its lease; writes and returns its
+        metrics."""
+        phases = Phases(self.clock)
+        candidates, duplicates = self._unique(generated)
+        scored = self._rewarded(candidates)
+        phases.done("reward")
+        trajectories = self._trajectories(scored, generated.version)
+        phases.done("reference")
+        self._post(trajectories, generated.lease_id)
+        phases.done("post")
+        counts = {
+            **completion_counts(generated.completions),
+            "prompts": len(generated.prompts),
+            "duplicates": duplicates,
+            "dropped": len(candidates) - len(trajectories),
+        }
+        values = round_values(generated, phases.seconds, counts, trajectories)
+        self.metrics.write(generated.index, values)
+        return values
+
+    def _unique(self, generated: GeneratedRound) -> tuple[list[Candidate], int]:
+        """Candidates in order; with `drop_duplicates`, each distinct completion of a prompt
+        once. Returns them and the number dropped."""
+        kept: list[Candidate] = []
+        dropped = 0
+        for prompt, prompt_tokens, samples in zip(
+            generated.prompts, generated.prompt_tokens, generated.completions, strict=True
+        ):
+            seen: set[tuple[int, ...]] = set()
+            for completion in samples:
+                key = tuple(completion.token_ids)
+                if self.settings.drop_duplicates and key in seen:
+                    dropped += 1
+                    continue
+                seen.add(key)
+                kept.append(Candidate(prompt, prompt_tokens, completion))
+        return kept, dropped
+
+    def _rewarded(self, candidates: list[Candidate]) -> list[Candidate]:
+        """The candidates with a finite reward (set on them) and behaviour log-prob; a task
+        reward must not raise, but one that does costs only that completion."""
+        kept = []
+        for candidate in candidates:
+            try:
+                reward = float(self.task.reward(candidate.prompt, candidate.completion.text))
+            except Exception:
+                log.exception("reward of prompt %s raised; completion dropped", candidate.prompt.id)
+                continue
+            if not (math.isfinite(reward) and math.isfinite(candidate.completion.logprob)):
+                log.warning(
+                    "prompt %s: reward %r, behaviour log-prob %r; completion dropped",
+                    candidate.prompt.id,
+                    reward,
+                    candidate.completion.logprob,
+                )
+                continue
+            candidate.reward = reward
+            kept.append(candidate)
+        return kept
+
+    def _trajectories(self, scored: list[Candidate], version: int) -> list[Trajectory]:
+        """Trajectories with reference log-probs (rows whose reference is not finite are
+        dropped, logged)."""
+        if not scored:
+            return []
+        refs = self.reference.score(
+            [c.prompt_tokens for c in scored], [c.completion.token_ids for c in scored]
+        )
+        created_at_s = self.clock.time()
+        trajectories = []
+        for candidate, ref in zip(scored, refs, strict=True):
+            if not math.isfinite(ref):
+                log.warning("prompt %s: reference log-prob %r; dropped", candidate.prompt.id, ref)
+                continue
+            completion = candidate.completion
+            trajectories.append(
+                Trajectory(
+                    prompt_id=candidate.prompt.id,
+                    prompt_token_ids=pack_tokens(candidate.prompt_tokens),
+                    completion_token_ids=pack_tokens(completion.token_ids),
+                    completion_text=completion.text,
+                    reward=candidate.reward,
+                    ref_logprob=ref,
+                    behavior_logprob=completion.logprob,
+                    policy_version=version,
+                    searcher_id=self.searcher_id,
+                    finish_reason=completion.finish_reason,
+                    created_at_s=created_at_s,
+                )
+            )
+        return trajectories
+
+    def _post(self, trajectories: list[Trajectory], lease_id: str) -> None:
+        size = self.settings.add_batch_size
+        chunks = [trajectories[i : i + size] for i in range(0, len(trajectories), size)]
+        for index, chunk in enumerate(chunks):
+            # The lease is acknowledged with the last chunk, once the whole round is in.
+            self._add(chunk, lease_id if index == len(chunks) - 1 else "")
+
+    def _add(self, chunk: list[Trajectory], lease_id: str) -> None:
+        """One AddTrajectories call under one request id, retried with the same id when the
+        buffer stays unavailable past the client's own retries (no duplicates stored)."""
+        request_id = uuid.uuid4().hex
+        for attempt in range(self.settings.add_retries + 1):
+            try:
+                self.buffer.add_trajectories(
+                    chunk, self.searcher_id, lease_id=lease_id, request_id=request_id
+                )
+                return
+            except UnavailableError as exc:
+                if attempt == self.settings.add_retries:
+                    raise
+                log.warning("adding trajectories failed (%s); retry %d", exc, attempt + 1)
+                self.clock.sleep(self.settings.idle_poll_s)
+
+
+def round_values(
+    generated: GeneratedRound,
+    finish_seconds: dict[str, float],
+    counts: dict[str, int],
+    trajectories: list[Trajectory],
+) -> dict[str, float]:
+    """A round's metrics. `round_s` is the loop's own time for the round (waiting for the
+    previous finish, weights, lease, generation): while rounds overlap, the time between two
+    hand-overs, so `tokens_per_s` is the searcher's throughput."""
+    round_s = sum(generated.loop_seconds.values())
+    generate_s = generated.loop_seconds["generate"]
+    rewards = [t.reward for t in trajectories]
+    lag = max(0, generated.latest_version - generated.version)
+    values = {f"searcher/{name}": float(count) for name, count in counts.items()}
+    values |= {
+        "searcher/trajectories": float(len(trajectories)),
+        "searcher/reward_mean": float(np.mean(rewards)) if rewards else float("nan"),
+        "searcher/version": float(generated.version),
+        "searcher/latest_version": float(generated.latest_version),
+        "searcher/version_lag": float(lag),
+        "searcher/reloads": float(generated.reload_s is not None),
+        "searcher/tokens_per_s": counts["tokens"] / round_s if round_s > 0 else 0.0,
+        "searcher/generate_tokens_per_s": counts["tokens"] / generate_s if generate_s > 0 else 0.0,
+        "searcher/prompts_per_s": counts["prompts"] / round_s if round_s > 0 else 0.0,
+    }
+    seconds = generated.loop_seconds | finish_seconds
+    values |= {f"searcher/{name}_s": s for name, s in seconds.items()}
+    values["searcher/reload_s"] = generated.reload_s or 0.0
+    values["searcher/round_s"] = round_s
+    return values
+
+
+def completion_counts(completions: Sequence[Sequence[Completion]]) -> dict[str, int]:
+    flat = [c for group in completions for c in group]
+    return {
+        "completions": len(flat),
+        "tokens": sum(len(c.token_ids) for c in flat),
+        "stopped": sum(c.finish_reason == FinishReason.STOP for c in flat),
+    }
