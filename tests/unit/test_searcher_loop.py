@@ -136,6 +136,30 @@ def test_a_reward_that_raises_or_is_not_finite_drops_only_that_completion(tmp_pa
     assert buffer.adds[0][1] == "lease-1"
 
 
+class BatchedReward:
+    """A model-based task: one batched call per round, told which completions finished."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, list[bool]]] = []
+
+    def reward(self, prompt: Prompt, completion_text: str) -> float:
+        raise AssertionError("the batched path must be used")
+
+    def rewards(self, prompts, completion_texts, finished):  # type: ignore[no-untyped-def]
+        self.calls.append((len(prompts), list(finished)))
+        return [0.25 * i for i in range(len(prompts))]
+
+
+def test_rewards_are_scored_in_one_batch_with_finished_flags(tmp_path):
+    buffer = RecordingBuffer(PROMPTS)
+    task = BatchedReward()
+    loop = make_loop(tmp_path, buffer, task=task)
+    assert loop.round() is not None
+    ((count, finished),) = task.calls
+    assert count == len(buffer.posted()) and all(finished)
+    assert [t.reward for t in buffer.posted()] == [0.25 * i for i in range(count)]
+
+
 def test_each_chunk_has_its_own_request_id_and_the_last_acknowledges_the_lease(tmp_path):
     buffer = RecordingBuffer(PROMPTS)
     loop = make_loop(tmp_path, buffer, drop_duplicates=False, add_batch_size=5)

@@ -26,6 +26,7 @@ from tba.domain import AddResult, FinishReason, Prompt, Trajectory, pack_tokens
 from tba.errors import UnavailableError
 from tba.searcher.config import SearcherSettings
 from tba.searcher.engine import Completion
+from tba.tasks.base import batch_rewards
 
 log = logging.getLogger(__name__)
 
@@ -165,15 +166,12 @@ class RoundFinisher:
         return kept, dropped
 
     def _rewarded(self, candidates: list[Candidate]) -> list[Candidate]:
-        """The candidates with a finite reward (set on them) and behaviour log-prob; a task
-        reward must not raise, but one that does costs only that completion."""
+        """The candidates with a finite reward (set on them) and behaviour log-prob. Rewards
+        come in one batch (model-based tasks score many per forward pass); a task reward must
+        not raise, but if the batch does, each completion is scored alone and one that raises
+        costs only itself."""
         kept = []
-        for candidate in candidates:
-            try:
-                reward = float(self.task.reward(candidate.prompt, candidate.completion.text))
-            except Exception:
-                log.exception("reward of prompt %s raised; completion dropped", candidate.prompt.id)
-                continue
+        for candidate, reward in zip(candidates, self._rewards(candidates), strict=True):
             if not (math.isfinite(reward) and math.isfinite(candidate.completion.logprob)):
                 log.warning(
                     "prompt %s: reward %r, behaviour log-prob %r; completion dropped",
@@ -185,6 +183,27 @@ class RoundFinisher:
             candidate.reward = reward
             kept.append(candidate)
         return kept
+
+    def _rewards(self, candidates: list[Candidate]) -> list[float]:
+        try:
+            return batch_rewards(
+                self.task,
+                [c.prompt for c in candidates],
+                [c.completion.text for c in candidates],
+                [c.completion.finish_reason != FinishReason.LENGTH for c in candidates],
+            )
+        except Exception:
+            log.exception(
+                "batched rewards raised; scoring the %d completions one by one", len(candidates)
+            )
+        return [self._reward_alone(c) for c in candidates]
+
+    def _reward_alone(self, candidate: Candidate) -> float:
+        try:
+            return float(self.task.reward(candidate.prompt, candidate.completion.text))
+        except Exception:
+            log.exception("reward of prompt %s raised; completion dropped", candidate.prompt.id)
+            return math.nan
 
     def _trajectories(self, scored: list[Candidate], version: int) -> list[Trajectory]:
         """Trajectories with reference log-probs (rows whose reference is not finite are
