@@ -10,8 +10,10 @@ over their `round_s` (the loop's seconds from one hand-over to the next, which i
 wait for the previous round's finish). A second row divides all the tokens of the blocks by
 the whole seconds of `run()`, the first round (nothing to overlap) and the final join (one
 finish not overlapped) included, which a searcher pays once, at start and stop. A third row
-shows the finish stage's seconds per round against generation's: below 1, the finish hides
-behind generation.
+runs the same rounds one at a time (`SearcherLoop.round`: generate, then finish, no overlap),
+what the loop did before its finish stage moved to a worker thread. The last row shows the
+finish stage's seconds per round against generation's: below 1, the finish can hide behind
+generation.
 
 The vLLM engine is included when `import vllm` works. `--quick` uses the 3-layer demo model;
 the full run a 6-layer, 256-wide one with longer completions.
@@ -84,6 +86,8 @@ class Totals:
     steady_s: float = 0.0
     run_tokens: float = 0.0
     run_s: float = 0.0
+    sequential_tokens: float = 0.0
+    sequential_s: float = 0.0
     rounds: int = 0
     generate_s: float = 0.0
     finish_s: float = 0.0
@@ -119,6 +123,15 @@ def _loop_block(searcher: Searcher, recorded: RecordedRounds, rounds: int, total
             totals.steady_s += values["searcher/round_s"]
 
 
+def _sequential_block(searcher: Searcher, rounds: int, totals: Totals) -> None:
+    for _ in range(rounds):
+        started = time.perf_counter()
+        values = searcher.loop.round()
+        totals.sequential_s += time.perf_counter() - started
+        assert values is not None, "the buffer had no free prompt"
+        totals.sequential_tokens += values["searcher/tokens"]
+
+
 def _measure(kind: str, address: str, root: Path, quick: bool) -> Totals:
     settings = _settings(kind, address, root, quick)
     searcher = build_searcher(settings)
@@ -140,6 +153,7 @@ def _measure(kind: str, address: str, root: Path, quick: bool) -> Totals:
         for _ in range(blocks):
             _bare_block(searcher, batches, totals)
             _loop_block(searcher, recorded, rounds, totals)
+            _sequential_block(searcher, rounds, totals)
     finally:
         searcher.close()
     return totals
@@ -149,6 +163,7 @@ def _rows(kind: str, t: Totals) -> list[Row]:
     bare = t.bare_tokens / t.bare_s
     steady = t.steady_tokens / t.steady_s
     whole = t.run_tokens / t.run_s
+    sequential = t.sequential_tokens / t.sequential_s
     return [
         Row("searcher", f"{kind} bare generate", bare, "tokens/s"),
         Row(
@@ -168,6 +183,14 @@ def _rows(kind: str, t: Totals) -> list[Row]:
             "tokens/s",
             baseline=bare,
             ratio=whole / bare,
+        ),
+        Row(
+            "searcher",
+            f"{kind} rounds one at a time, no overlap",
+            sequential,
+            "tokens/s",
+            baseline=bare,
+            ratio=sequential / bare,
         ),
         Row(
             "searcher",
