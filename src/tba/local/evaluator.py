@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from tba.domain import Prompt
+from tba.models.generate import generate_texts
 from tba.objectstore import ObjectStore
 from tba.objectstore.weights import fetch_weights, read_latest
 from tba.tasks.base import Task
@@ -27,24 +28,6 @@ class EvalPoint:
     version: int
     step: int
     accuracy: float
-
-
-def greedy_completions(
-    model: Any, tokenizer: Any, texts: list[str], max_new_tokens: int
-) -> list[str]:
-    """Greedy completion texts (up to EOS), left-padded in one batch."""
-    tokenizer.padding_side = "left"
-    encoded = tokenizer(texts, return_tensors="pt", padding=True)
-    with torch.no_grad():
-        output = model.generate(
-            **encoded,
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-    new_tokens = output[:, encoded["input_ids"].shape[1] :]
-    return tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
 
 
 class Evaluator:
@@ -68,11 +51,16 @@ class Evaluator:
         result = evaluate(
             self.task,
             self.prompts,
-            lambda batch: greedy_completions(
-                model, self.tokenizer, [p.text for p in batch], self.max_new_tokens
-            ),
+            lambda batch: self._greedy([p.text for p in batch], model),
         )
         return result.accuracy
+
+    def _greedy(self, texts: list[str], model: Any) -> list[str]:
+        """Greedy completion texts, all prompts in one batch."""
+        groups = generate_texts(
+            model, self.tokenizer, texts, self.max_new_tokens, batch_size=len(texts)
+        )
+        return [group[0].text for group in groups]
 
     def record(self, model: Any, wall_s: float, version: int, step: int) -> EvalPoint:
         point = EvalPoint(wall_s, version, step, self.accuracy(model))

@@ -46,7 +46,7 @@ def generate_texts(
     rows = [_prompt_ids(tokenizer, text, eos_ids[0])[-keep:] for text in prompts for _ in range(n)]
     flat: list[GeneratedText] = []
     device = next(model.parameters()).device
-    with torch.no_grad(), _seeded(seed, device):
+    with torch.no_grad(), seeded(seed, device):
         for start in range(0, len(rows), batch_size):
             chunk = rows[start : start + batch_size]
             new_tokens = _generate(model, chunk, pad_id, max_new_tokens, temperature, device)
@@ -128,7 +128,7 @@ def _cut(tokenizer: Any, tokens: list[int], eos_ids: list[int]) -> GeneratedText
 
 
 @contextlib.contextmanager
-def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+def seeded(seed: int | None, device: torch.device) -> Iterator[None]:
     """Seeds sampling without disturbing the process's global random state."""
     if seed is None:
         yield

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tba.domain import FinishReason
+from tba.errors import InvalidArgumentError
 
 
 @dataclass(frozen=True)
@@ -58,3 +59,28 @@ class GenerationEngine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def check_request(
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    context_tokens: int | None,
+    vocab_size: int | None = None,
+) -> None:
+    """What every engine refuses before generating: bad sampling parameters, empty prompts,
+    prompts that fill the context, and (when the engine knows its vocabulary) unknown ids."""
+    if params.n < 1 or params.max_new_tokens < 1:
+        raise InvalidArgumentError("n and max_new_tokens must be at least 1")
+    if not params.temperature > 0 or not 0 < params.top_p <= 1:
+        raise InvalidArgumentError("temperature must be > 0 and top_p in (0, 1]")
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise InvalidArgumentError(f"prompt {i} has no tokens")
+        if context_tokens is not None and len(prompt) >= context_tokens:
+            raise InvalidArgumentError(
+                f"prompt {i} has {len(prompt)} tokens; the model's context is {context_tokens}"
+            )
+        if vocab_size is not None and (min(prompt) < 0 or max(prompt) >= vocab_size):
+            raise InvalidArgumentError(
+                f"prompt {i} has token ids outside the vocabulary [0, {vocab_size})"
+            )

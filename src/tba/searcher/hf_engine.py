@@ -11,8 +11,7 @@ keep chunks small for large vocabularies (vLLM is the engine for those).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,9 @@ import torch
 
 from tba.domain import FinishReason
 from tba.errors import InvalidArgumentError
+from tba.models.generate import eos_token_ids, seeded
 from tba.searcher.config import EngineSettings
-from tba.searcher.engine import Completion, SamplingParams
+from tba.searcher.engine import Completion, SamplingParams, check_request
 
 
 def torch_device(settings: EngineSettings) -> torch.device:
@@ -46,7 +46,7 @@ class TransformersEngine:
         self.model.requires_grad_(False)
         self.tokenizer = tokenizer
         self.max_batch_sequences = settings.max_batch_sequences
-        self.eos_token_ids = _eos_ids(tokenizer, model.config)
+        self.eos_token_ids = eos_token_ids(tokenizer, model.config)
         self.pad_token_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         )
@@ -65,27 +65,13 @@ class TransformersEngine:
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[list[Completion]]:
-        self._check(prompts, params)
+        check_request(prompts, params, self.context_tokens)
         rows = [list(p) for p in prompts for _ in range(params.n)]
         flat: list[Completion] = []
-        with torch.no_grad(), _seeded(params.seed, self.device):
+        with torch.no_grad(), seeded(params.seed, self.device):
             for start in range(0, len(rows), self.max_batch_sequences):
                 flat += self._generate_chunk(rows[start : start + self.max_batch_sequences], params)
         return [flat[i : i + params.n] for i in range(0, len(flat), params.n)]
-
-    def _check(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
-        if params.n < 1 or params.max_new_tokens < 1:
-            raise InvalidArgumentError("n and max_new_tokens must be at least 1")
-        if not params.temperature > 0 or not 0 < params.top_p <= 1:
-            raise InvalidArgumentError("temperature must be > 0 and top_p in (0, 1]")
-        for i, prompt in enumerate(prompts):
-            if not prompt:
-                raise InvalidArgumentError(f"prompt {i} has no tokens")
-            if self.context_tokens is not None and len(prompt) >= self.context_tokens:
-                raise InvalidArgumentError(
-                    f"prompt {i} has {len(prompt)} tokens; the model's context is "
-                    f"{self.context_tokens}"
-                )
 
     def _generate_chunk(self, rows: list[list[int]], params: SamplingParams) -> list[Completion]:
         width = max(len(r) for r in rows)
@@ -172,27 +158,3 @@ def _check_fits(
             f"weights in {source} do not fit the model: unknown {unknown[:5]}, "
             f"wrong shape {wrong_shape[:5]}, missing {missing[:5]}"
         )
-
-
-def _eos_ids(tokenizer: Any, config: Any) -> list[int]:
-    """EOS ids of the tokenizer and the model config (which may list several)."""
-    ids: list[int] = []
-    for value in (tokenizer.eos_token_id, getattr(config, "eos_token_id", None)):
-        for token in value if isinstance(value, list) else [value]:
-            if token is not None and token not in ids:
-                ids.append(int(token))
-    if not ids:
-        raise InvalidArgumentError("the tokenizer and model config name no EOS token")
-    return ids
-
-
-@contextlib.contextmanager
-def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
-    """Seeds sampling without disturbing the process's global random state."""
-    if seed is None:
-        yield
-        return
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield

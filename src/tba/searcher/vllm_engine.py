@@ -18,7 +18,7 @@ from typing import Any
 from tba.domain import FinishReason
 from tba.errors import InvalidArgumentError
 from tba.searcher.config import EngineSettings
-from tba.searcher.engine import Completion, SamplingParams
+from tba.searcher.engine import Completion, SamplingParams, check_request
 
 GIB = 1 << 30
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -65,7 +65,7 @@ class VllmEngine:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
 
-        self._check(prompts, params)
+        check_request(prompts, params, self._max_model_len, self._vocab_size)
         requests = [
             VllmSamplingParams(
                 n=params.n,
@@ -85,24 +85,6 @@ class VllmEngine:
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], requests, use_tqdm=False
         )
         return [[_completion(sample) for sample in output.outputs] for output in outputs]
-
-    def _check(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
-        if params.n < 1 or params.max_new_tokens < 1:
-            raise InvalidArgumentError("n and max_new_tokens must be at least 1")
-        if not params.temperature > 0 or not 0 < params.top_p <= 1:
-            raise InvalidArgumentError("temperature must be > 0 and top_p in (0, 1]")
-        for i, prompt in enumerate(prompts):
-            if not prompt:
-                raise InvalidArgumentError(f"prompt {i} has no tokens")
-            if len(prompt) >= self._max_model_len:
-                raise InvalidArgumentError(
-                    f"prompt {i} has {len(prompt)} tokens; the engine's context is "
-                    f"{self._max_model_len}"
-                )
-            if min(prompt) < 0 or max(prompt) >= self._vocab_size:
-                raise InvalidArgumentError(
-                    f"prompt {i} has token ids outside the vocabulary [0, {self._vocab_size})"
-                )
 
     def load_weights(self, weights_dir: Path, version: int) -> None:
         """Every worker reads the directory into its model in place; then the prefix cache,
