@@ -84,6 +84,19 @@ class TrainerSettings(Section):
     keep_versions: int = Field(
         3, ge=1, le=10_000, description="Weight versions kept in the object store."
     )
+    publish_retries: int = Field(
+        10,
+        ge=0,
+        le=1000,
+        description="Retries of a weight publish while the object store is unreachable "
+        "(each a warning); then the trainer stops with an error. 10 ride out ~100 s.",
+    )
+    publish_retry_backoff_s: float = Field(
+        1.0,
+        gt=0.0,
+        le=15.0,
+        description="Wait before the first publish retry; doubles each retry up to 15 s.",
+    )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of torch and of batch draws.")
     data_poll_s: float = Field(
         0.5, gt=0.0, le=600.0, description="Wait between draws while the buffer is too empty."

@@ -124,7 +124,13 @@ def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
         engine=engine,
         source=client,
         publisher=StorePublisher(
-            store, engine, tokenizer, client.announce_weights, t.keep_versions
+            store,
+            engine,
+            tokenizer,
+            client.announce_weights,
+            t.keep_versions,
+            retries=t.publish_retries,
+            retry_backoff_s=t.publish_retry_backoff_s,
         ),
         metrics=build_sinks(settings.metrics, engine.rank),
         objective=build_objective(t),
