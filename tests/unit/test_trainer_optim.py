@@ -32,6 +32,12 @@ def test_cosine_reaches_the_floor_at_the_end():
     assert lr_multiplier(5, settings, 5) == pytest.approx(0.1)
 
 
+def test_cosine_with_decay_steps_reaches_the_floor_early_and_stays():
+    settings = OptimSettings(schedule="cosine", decay_steps=2, min_lr_ratio=0.25)
+    # 1 | halfway: 0.25 + 0.75 * 0.5 | floor from step 2 on
+    assert multipliers(settings, 6) == pytest.approx([1.0, 0.625, 0.25, 0.25, 0.25, 0.25])
+
+
 def test_scheduler_drives_the_optimizer_learning_rate():
     settings = OptimSettings(lr=0.01, schedule="wsd", warmup_steps=2, decay_steps=2)
     weight = torch.nn.Parameter(torch.zeros(1))

@@ -59,7 +59,29 @@ class BootstrapSettings(Section):
     n_head: int = Field(4, ge=1, le=64, description="Attention heads.")
     n_positions: int = Field(32, ge=8, le=4096, description="Context length.")
     steps: int = Field(
-        650, ge=0, le=1_000_000, description="Supervised steps (the base is chosen by steps)."
+        2000,
+        ge=0,
+        le=1_000_000,
+        description="Most supervised steps (all of them when `target_accuracy` is 0).",
+    )
+    target_accuracy: float = Field(
+        0.4,
+        ge=0.0,
+        le=1.0,
+        description="Stop at the first check whose greedy accuracy on the validation prompts "
+        "reaches this (0: train all `steps`). The tiny model learns carrying in a sudden jump "
+        "whose step count differs between machines; a target lands every machine at the same "
+        "point of that jump, where RL has room and signal.",
+    )
+    check_every_steps: int = Field(
+        10, ge=1, le=100_000, description="Supervised steps between validation checks."
+    )
+    validation_prompts: int = Field(
+        200,
+        ge=1,
+        le=100_000,
+        description="Train-split prompts held out of the supervised data to choose when to stop "
+        "(the test split stays unseen).",
     )
     batch_size: int = Field(64, ge=1, le=65_536, description="Prompts per supervised step.")
     lr: float = Field(1e-3, gt=0.0, le=1.0, description="AdamW learning rate.")

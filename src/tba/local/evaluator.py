@@ -30,23 +30,16 @@ class EvalPoint:
     accuracy: float
 
 
-class Evaluator:
-    def __init__(
-        self,
-        task: Task,
-        prompts: list[Prompt],
-        tokenizer: Any,
-        max_new_tokens: int,
-        log_path: Path,
-    ) -> None:
+class GreedyAccuracy:
+    """The task's mean reward of greedy completions of `prompts`, all in one batch."""
+
+    def __init__(self, task: Task, prompts: list[Prompt], tokenizer: Any, max_new_tokens: int):
         self.task = task
         self.prompts = prompts
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
-        self.log_path = log_path
-        self.points: list[EvalPoint] = []
 
-    def accuracy(self, model: Any) -> float:
+    def __call__(self, model: Any) -> float:
         model.eval()
         result = evaluate(
             self.task,
@@ -56,11 +49,17 @@ class Evaluator:
         return result.accuracy
 
     def _greedy(self, texts: list[str], model: Any) -> list[str]:
-        """Greedy completion texts, all prompts in one batch."""
         groups = generate_texts(
             model, self.tokenizer, texts, self.max_new_tokens, batch_size=len(texts)
         )
         return [group[0].text for group in groups]
+
+
+class Evaluator:
+    def __init__(self, accuracy: GreedyAccuracy, log_path: Path) -> None:
+        self.accuracy = accuracy
+        self.log_path = log_path
+        self.points: list[EvalPoint] = []
 
     def record(self, model: Any, wall_s: float, version: int, step: int) -> EvalPoint:
         point = EvalPoint(wall_s, version, step, self.accuracy(model))

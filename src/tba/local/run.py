@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from tba.local import children
-from tba.local.evaluator import Evaluator, VersionWatcher
+from tba.local.evaluator import Evaluator, GreedyAccuracy, VersionWatcher
 from tba.local.main import LocalRunSettings
 from tba.local.progress import ProgressView
 from tba.local.report import plot, read_jsonl, summarize
@@ -144,22 +144,15 @@ class LocalRun:
         from tba.local.bootstrap import bootstrap_base_model
 
         print("pre-training the tiny base model (cached for later runs)...", flush=True)
-        return bootstrap_base_model(
-            self.run_dir, self.settings.bootstrap, task.prompts(Split.TRAIN)
-        )
+        return bootstrap_base_model(self.run_dir, self.settings.bootstrap, task)
 
     def _evaluator(self, task: Task, base: Path) -> Evaluator:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         prompts = task.prompts(Split.TEST)[: self.settings.local.eval_prompts]
         tokenizer = AutoTokenizer.from_pretrained(base)
-        evaluator = Evaluator(
-            task,
-            prompts,
-            tokenizer,
-            self.settings.searcher.max_new_tokens,
-            self.run_dir / "eval.jsonl",
-        )
+        accuracy = GreedyAccuracy(task, prompts, tokenizer, self.settings.searcher.max_new_tokens)
+        evaluator = Evaluator(accuracy, self.run_dir / "eval.jsonl")
         point = evaluator.record(AutoModelForCausalLM.from_pretrained(base), 0.0, 0, 0)
         print(
             f"base model held-out accuracy: {point.accuracy:.3f} on {len(prompts)} prompts",

@@ -130,7 +130,11 @@ class OptimSettings(Section):
         0, ge=0, le=10_000_000, description="Steps of linear warmup from 0 to `lr`."
     )
     decay_steps: int = Field(
-        0, ge=0, le=10_000_000, description="`wsd`: final steps of linear decay."
+        0,
+        ge=0,
+        le=10_000_000,
+        description="`wsd`: final steps of linear decay. `cosine`: steps after the warmup to "
+        "fall to `min_lr_ratio` and stay (0: the whole run).",
     )
     min_lr_ratio: float = Field(
         0.0, ge=0.0, le=1.0, description="Final learning rate of `cosine`/`wsd`, times `lr`."

@@ -14,15 +14,16 @@ def lr_multiplier(step: int, settings: OptimSettings, total_steps: int) -> float
     """Factor on the peak learning rate for the optimizer step after `step` steps (0-based).
 
     All schedules warm up linearly over `warmup_steps`. Then `constant` stays at 1; `cosine`
-    falls to `min_lr_ratio` at `total_steps`; `wsd` stays at 1 until the last `decay_steps`
-    steps and falls linearly to `min_lr_ratio` over them.
+    falls to `min_lr_ratio` over `decay_steps` after the warmup (0: by `total_steps`) and
+    stays there; `wsd` stays at 1 until the last `decay_steps` steps and falls linearly to
+    `min_lr_ratio` over them.
     """
     warmup = settings.warmup_steps
     if step < warmup:
         return (step + 1) / warmup
     floor = settings.min_lr_ratio
     if settings.schedule == "cosine":
-        span = max(total_steps - warmup, 1)
+        span = max(settings.decay_steps or total_steps - warmup, 1)
         progress = min((step - warmup) / span, 1.0)
         return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
     if settings.schedule == "wsd":
