@@ -3,22 +3,26 @@ accuracy of the published weights rises clearly above the base within a fixed st
 
 from tests.fixtures.local_run import run_local
 
-STEPS = 400
+STEPS = 500
+# The demo's schedule, compressed into the test's steps (it decays over 1,500 by default).
+DECAY = ("--set", "optim.decay_steps=400")
 
 
 def test_demo_learns_arithmetic(tmp_path, demo_base_model):
-    result = run_local(tmp_path / "run", "--model", str(demo_base_model), "--steps", str(STEPS))
+    result = run_local(
+        tmp_path / "run", "--model", str(demo_base_model), "--steps", str(STEPS), *DECAY
+    )
     summary = result.summary
     assert summary["steps"] == STEPS
     points = result.evaluations()
     base = points[0]["accuracy"]
     assert 0.2 <= base <= 0.5, "the base leaves room for RL"
     assert len(points) >= 4, "versions were evaluated while the run went"
-    # Measured on 2 busy cores: +0.04 to +0.13 over the base within 300-400 steps, with
-    # evaluations swinging by up to 0.2 between versions (issue 5's targets are not met), so
-    # the check is on the best version of the second half of the run.
+    # Measured on 2 busy cores with this schedule: 0.42 -> 0.79-0.84 by step 400-600, single
+    # evaluations swinging by up to 0.1 between versions.
     late = [p["accuracy"] for p in points[len(points) // 2 :]]
-    assert max(late) >= base + 0.02, points
+    assert max(late) >= base + 0.2, points
+    assert points[-1]["accuracy"] >= base + 0.1, points
     assert (tmp_path / "run" / "plot.png").stat().st_size > 10_000
     assert "held-out accuracy, final" in result.output
     assert "dashboard: http://127.0.0.1:" in result.output
