@@ -15,17 +15,25 @@ what the loop did before its finish stage moved to a worker thread. The last row
 finish stage's seconds per round against generation's: below 1, the finish can hide behind
 generation.
 
+Hiding it needs a core to spare. On a machine busy with other work the searcher gets a share
+of the cores whatever it runs (Linux shares them out per session, `sched_autogroup`), so the
+finish stage's CPU comes out of generation's: the loop then runs at about bare / loop CPU
+seconds per token, which a further row gives (this process and its engine processes, the
+buffer service left out, from /proc), whatever the load. A line per engine gives the mean
+seconds of each phase per round, and the CPU seconds of the reference forward pass.
+
 The vLLM engine is included when `import vllm` works. `--quick` uses the 3-layer demo model;
 the full run a 6-layer, 256-wide one with longer completions.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,13 +46,15 @@ from tba.models.config import ModelSettings
 from tba.objectstore.config import ObjectStoreSettings
 from tba.searcher.config import EngineSettings, SearcherSettings
 from tba.searcher.engine import SamplingParams
+from tba.searcher.finish import ReferenceModel
 from tba.searcher.main import Searcher, SearcherRunSettings, build_searcher
 from tba.tasks.base import Split
 from tba.tasks.config import TaskSettings
 from tba.tasks.registry import build_task
-from tests.fixtures.buffer_service import start_buffer
+from tests.fixtures.buffer_service import BufferProcess, start_buffer
 
 TARGET_RATIO = 0.90
+LOOP_PHASES = ("weights_s", "lease_s", "generate_s", "wait_finish_s")
 FINISH_PHASES = ("reward_s", "reference_s", "post_s")
 
 
@@ -79,6 +89,46 @@ class RecordedRounds:
 
 
 @dataclass
+class CpuTimedReference:
+    """The reference scorer with its CPU seconds summed: the finish stage's main cost, which
+    unlike its wall seconds does not grow with other work on the machine."""
+
+    inner: ReferenceModel
+    cpu_s: float = 0.0
+
+    def score(
+        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+    ) -> list[float]:
+        started = time.thread_time()
+        values = self.inner.score(prompts, completions)
+        self.cpu_s += time.thread_time() - started
+        return values
+
+
+def tree_cpu_s(root_pid: int, exclude_pid: int) -> float:
+    """CPU seconds (user + system) so far of `root_pid` and its descendants, but not of
+    `exclude_pid` and its own (the buffer service, which a searcher does not run), from
+    /proc: an engine's worker processes (vLLM's) count as the searcher's."""
+    children: dict[int, list[int]] = {}
+    cpu_ticks: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        pid = int(stat.parent.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        cpu_ticks[pid] = int(fields[11]) + int(fields[12])  # utime, stime
+    ticks, todo = 0, [root_pid]
+    while todo:
+        pid = todo.pop()
+        if pid != exclude_pid:
+            ticks += cpu_ticks.get(pid, 0)
+            todo += children.get(pid, [])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
 class Totals:
     bare_tokens: int = 0
     bare_s: float = 0.0
@@ -91,6 +141,10 @@ class Totals:
     rounds: int = 0
     generate_s: float = 0.0
     finish_s: float = 0.0
+    phase_s: dict[str, float] = field(default_factory=dict)
+    reference_cpu_s: float = 0.0
+    bare_cpu_s: float = 0.0
+    run_cpu_s: float = 0.0
 
 
 def _bare_block(searcher: Searcher, batches: list[list[list[int]]], totals: Totals) -> None:
@@ -109,15 +163,20 @@ def _loop_block(searcher: Searcher, recorded: RecordedRounds, rounds: int, total
     loop = searcher.loop
     loop.settings = loop.settings.model_copy(update={"max_rounds": loop.rounds + rounds})
     recorded.rounds.clear()
+    assert isinstance(loop.reference, CpuTimedReference)
+    cpu_s = loop.reference.cpu_s
     started = time.perf_counter()
     loop.run()
     totals.run_s += time.perf_counter() - started
+    totals.reference_cpu_s += loop.reference.cpu_s - cpu_s
     assert len(recorded.rounds) == rounds, "the buffer ran out of free prompts"
     for index, values in enumerate(recorded.rounds):
         totals.rounds += 1
         totals.run_tokens += values["searcher/tokens"]
         totals.generate_s += values["searcher/generate_s"]
         totals.finish_s += sum(values[f"searcher/{phase}"] for phase in FINISH_PHASES)
+        for phase in LOOP_PHASES + FINISH_PHASES:
+            totals.phase_s[phase] = totals.phase_s.get(phase, 0.0) + values[f"searcher/{phase}"]
         if index > 0:  # the block's first round has no finish to overlap behind it
             totals.steady_tokens += values["searcher/tokens"]
             totals.steady_s += values["searcher/round_s"]
@@ -132,11 +191,14 @@ def _sequential_block(searcher: Searcher, rounds: int, totals: Totals) -> None:
         totals.sequential_tokens += values["searcher/tokens"]
 
 
-def _measure(kind: str, address: str, root: Path, quick: bool) -> Totals:
-    settings = _settings(kind, address, root, quick)
+def _measure(kind: str, service: BufferProcess, root: Path, quick: bool) -> Totals:
+    settings = _settings(kind, service.address, root, quick)
+    assert service.proc is not None
+    cpu = functools.partial(tree_cpu_s, os.getpid(), service.proc.pid)
     searcher = build_searcher(settings)
     recorded = RecordedRounds(searcher.loop.metrics)
     searcher.loop.metrics = recorded
+    searcher.loop.reference = CpuTimedReference(searcher.loop.reference)
     blocks, rounds = (3, 8) if quick else (3, 5)
     try:
         tokenizer: Any = searcher.loop.tokenizer
@@ -151,19 +213,40 @@ def _measure(kind: str, address: str, root: Path, quick: bool) -> Totals:
         searcher.loop.round()
         totals = Totals()
         for _ in range(blocks):
+            cpu_s = cpu()
             _bare_block(searcher, batches, totals)
+            totals.bare_cpu_s += cpu() - cpu_s
+            cpu_s = cpu()
             _loop_block(searcher, recorded, rounds, totals)
+            totals.run_cpu_s += cpu() - cpu_s
             _sequential_block(searcher, rounds, totals)
     finally:
         searcher.close()
     return totals
 
 
+def _print_phases(kind: str, t: Totals) -> None:
+    """Mean seconds of each phase per pipelined round: the loop thread's, then the finish
+    worker's (which overlap the next round's generation)."""
+
+    def means(phases: tuple[str, ...]) -> str:
+        return ", ".join(f"{p.removesuffix('_s')} {t.phase_s[p] / t.rounds:.3f}" for p in phases)
+
+    print(
+        f"{kind} seconds per round: loop thread {means(LOOP_PHASES)}; "
+        f"finish worker {means(FINISH_PHASES)} (reference CPU {t.reference_cpu_s / t.rounds:.3f})",
+        flush=True,
+    )
+
+
 def _rows(kind: str, t: Totals) -> list[Row]:
+    _print_phases(kind, t)
     bare = t.bare_tokens / t.bare_s
     steady = t.steady_tokens / t.steady_s
     whole = t.run_tokens / t.run_s
     sequential = t.sequential_tokens / t.sequential_s
+    bare_cpu = 1000 * t.bare_cpu_s / t.bare_tokens
+    loop_cpu = 1000 * t.run_cpu_s / t.run_tokens
     return [
         Row("searcher", f"{kind} bare generate", bare, "tokens/s"),
         Row(
@@ -183,6 +266,14 @@ def _rows(kind: str, t: Totals) -> list[Row]:
             "tokens/s",
             baseline=bare,
             ratio=whole / bare,
+        ),
+        Row(
+            "searcher",
+            f"{kind} searcher CPU per 1k tokens, whole runs (ratio: bare / loop)",
+            loop_cpu,
+            "s",
+            baseline=bare_cpu,
+            ratio=bare_cpu / loop_cpu,
         ),
         Row(
             "searcher",
@@ -216,7 +307,7 @@ def run(quick: bool) -> list[Row]:
         service = start_buffer(root)
         try:
             for kind in kinds:
-                rows += _rows(kind, _measure(kind, address=service.address, root=root, quick=quick))
+                rows += _rows(kind, _measure(kind, service, root=root, quick=quick))
         finally:
             service.stop()
     return rows

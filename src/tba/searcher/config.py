@@ -48,7 +48,11 @@ class SearcherSettings(Section):
         True, description="Post each distinct completion of a prompt once per round."
     )
     reference_batch_size: int = Field(
-        32, ge=1, le=65_536, description="Completions per reference log-prob forward pass."
+        32,
+        ge=1,
+        le=65_536,
+        description="Most completions per reference log-prob forward pass (fewer where "
+        "their lengths differ: a batch's padding stays within 10% of its tokens).",
     )
     add_batch_size: int = Field(
         1024, ge=1, le=65_536, description="Most trajectories per AddTrajectories call."

@@ -1,0 +1,46 @@
+"""The searcher's reference scorer: batches of similar lengths with bounded padding, and
+values equal to `sequence_logprobs` of each completion alone, in the caller's order."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from tba.models.config import ModelSettings
+from tba.models.loading import load_model
+from tba.models.logprobs import sequence_logprobs
+from tba.searcher.reference import MAX_PADDING, ReferenceScorer, length_batches
+
+MODEL = ModelSettings(tiny_layers=1, tiny_width=32, tiny_heads=2, tiny_positions=64)
+
+
+def test_batches_hold_every_row_once_within_the_row_and_padding_bounds():
+    lengths = [random.Random(seed).randrange(1, 60) for seed in range(200)] + [7] * 40
+    batches = length_batches(lengths, max_rows=16)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    for batch in batches:
+        widths = [lengths[i] for i in batch]
+        assert len(batch) <= 16
+        assert len(batch) * max(widths) <= (1 + MAX_PADDING) * sum(widths)
+    # Equal lengths pad nothing, so they fill whole batches.
+    assert [len(b) for b in length_batches([9] * 40, max_rows=16)] == [16, 16, 8]
+
+
+def test_a_row_longer_than_its_neighbours_gets_a_batch_of_its_own():
+    assert length_batches([5, 50, 5, 5], max_rows=8) == [[0, 2, 3], [1]]
+
+
+def test_scores_equal_each_completion_scored_alone_in_order():
+    tokenizer, model = load_model(MODEL, 0)
+    rng = random.Random(0)
+    prompts = [[1, *rng.choices(range(4, 40), k=rng.randrange(1, 8))] for _ in range(23)]
+    completions = [rng.choices(range(4, 40), k=rng.randrange(1, 30)) for _ in range(23)]
+    scorer = ReferenceScorer(model, tokenizer.pad_token_id, 0.7, batch_size=4)
+    got = scorer.score(prompts, completions)
+    with torch.no_grad():
+        alone = [
+            sequence_logprobs(model, [p], [c], 0.7, tokenizer.pad_token_id).item()
+            for p, c in zip(prompts, completions, strict=True)
+        ]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(alone), atol=1e-4, rtol=0)
