@@ -88,6 +88,18 @@ def test_fetch_rejects_a_tampered_file(store, tiny, tmp_path):
     assert not (tmp_path / "fetched" / "config.json").exists()
 
 
+def test_fetch_names_and_removes_every_tampered_file_and_keeps_the_good_ones(store, tiny, tmp_path):
+    model, tokenizer = tiny
+    weights = publish_weights(store, 1, step=1, model=model, tokenizer=tokenizer)
+    store.put_bytes(f"{version_key(1)}/config.json", b'{"tampered": true}')
+    store.put_bytes(f"{version_key(1)}/tokenizer.json", b"{}")
+    with pytest.raises(WeightsIntegrityError, match=r"config\.json, tokenizer\.json"):
+        fetch_weights(store, weights, tmp_path / "fetched")
+    assert not (tmp_path / "fetched" / "config.json").exists()
+    assert not (tmp_path / "fetched" / "tokenizer.json").exists()
+    assert (tmp_path / "fetched" / "model.safetensors").is_file()
+
+
 def test_fetch_rejects_a_manifest_that_does_not_match_the_announcement(store, tiny, tmp_path):
     model, tokenizer = tiny
     weights = publish_weights(store, 1, step=1, model=model, tokenizer=tokenizer)

@@ -48,6 +48,14 @@ class ObjectStoreSettings(Section):
         description="Part size of S3 multipart uploads and ranged downloads.",
     )
     max_concurrency: int = Field(8, ge=1, le=64, description="Parallel S3 part transfers per file.")
+    sign_payload: bool = Field(
+        False,
+        description="SigV4-sign the body of S3 uploads: one more SHA-256 pass over every byte "
+        "on the client, on plain http:// endpoints too. Off, uploads are sent as UNSIGNED-PAYLOAD "
+        "and weight files are still verified end to end by the manifest's sha256; small objects "
+        "(manifest, LATEST) carry a CRC32 in a signed header. Turn on for a server that refuses "
+        "unsigned payloads.",
+    )
     retries: int = Field(
         5, ge=0, le=100, description="Retries of a failed S3 request (boto3 standard mode)."
     )

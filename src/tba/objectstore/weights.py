@@ -118,8 +118,8 @@ def fetch_weights(store: ObjectStore, version: WeightVersion, local_dir: Path) -
     then loads with `AutoModelForCausalLM.from_pretrained(local_dir)` or vLLM.
 
     The manifest must hash to `version.sha256` and name `version.version`, and every file must
-    hash to the sha256 the manifest lists; otherwise WeightsIntegrityError is raised (a file
-    that failed is removed). NotFoundError means the version is gone (retention deletes old
+    hash to the sha256 the manifest lists; otherwise WeightsIntegrityError is raised (files
+    that failed are removed). NotFoundError means the version is gone (retention deletes old
     versions): fetch the latest instead. Files already in `local_dir` are overwritten; other
     files there are left alone, so use one directory per version.
     """
@@ -132,16 +132,38 @@ def fetch_weights(store: ObjectStore, version: WeightVersion, local_dir: Path) -
         raise WeightsIntegrityError(
             f"manifest of {version.uri} is version {manifest.get('version')}, not {version.version}"
         )
-    local_dir.mkdir(parents=True, exist_ok=True)
-    for name, entry in manifest["files"].items():
+    files: dict[str, Any] = manifest["files"]
+    for name in files:
         if "/" in name or name in ("", ".", ".."):
             raise WeightsIntegrityError(f"manifest of {version.uri} names a bad file {name!r}")
-        target = local_dir / name
-        store.get_file(f"{prefix}/{name}", target)
-        if sha256_file(target) != entry["sha256"]:
-            target.unlink(missing_ok=True)
-            raise WeightsIntegrityError(f"{name} of {version.uri} does not match its sha256")
+    local_dir.mkdir(parents=True, exist_ok=True)
+    _download_verifying(store, prefix, files, local_dir, version.uri)
     return local_dir
+
+
+def _download_verifying(
+    store: ObjectStore, prefix: str, files: dict[str, Any], local_dir: Path, uri: str
+) -> None:
+    """Downloads the files one after another while another thread hashes each downloaded one
+    (hashlib releases the GIL), so the checks of a sharded checkpoint overlap the downloads
+    of the next shards instead of adding up after them. Files whose sha256 does not match
+    are removed, then the fetch fails."""
+    digests = []
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tba-sha256") as hasher:
+        for name in files:
+            target = local_dir / name
+            store.get_file(f"{prefix}/{name}", target)
+            digests.append((target, hasher.submit(sha256_file, target)))
+    failed = [
+        target
+        for (target, digest), entry in zip(digests, files.values(), strict=True)
+        if digest.result() != entry["sha256"]
+    ]
+    for target in failed:
+        target.unlink(missing_ok=True)
+    if failed:
+        names = ", ".join(target.name for target in failed)
+        raise WeightsIntegrityError(f"{names} of {uri} does not match its sha256")
 
 
 def read_latest(store: ObjectStore) -> WeightVersion | None:
