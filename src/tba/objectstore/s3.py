@@ -26,6 +26,9 @@ from tba.objectstore.config import ObjectStoreSettings
 
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 _MISSING_BUCKET = {"NoSuchBucket"}
+# The server is up but cannot serve now (a restarting SeaweedFS answers 500 InternalError for
+# seconds): like an unreachable store, worth retrying by the caller once boto3's retries end.
+_SERVER_BUSY = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout"}
 _IO_CHUNK_BYTES = 1024 * 1024
 
 
@@ -162,6 +165,9 @@ def _translate(exc: Exception, key: str) -> Exception:
             return NotFoundError(f"no object {key}")
         if code in _MISSING_BUCKET:
             return NotFoundError(f"no bucket for {key}: {exc}")
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        if code in _SERVER_BUSY or status >= 500:
+            return UnavailableError(f"object store failing for {key}: {exc}")
         return exc
     if isinstance(exc, EndpointConnectionError | BotoCoreError):
         return UnavailableError(f"object store unreachable: {exc}")
