@@ -62,7 +62,7 @@ def test_sync_mode_is_on_policy(tmp_path):
     assert trainer.recency_probability == 1.0
     assert trainer.max_age_versions == 0
     assert trainer.min_batch_prompts == trainer.num_prompts
-    assert searcher.sync and searcher.min_version == 1
+    assert searcher.one_round_per_version and searcher.min_version == 1
     assert searcher.prompts_per_round * 2 >= trainer.num_prompts
 
 

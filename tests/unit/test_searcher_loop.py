@@ -274,7 +274,7 @@ def test_sync_generates_one_round_per_version_after_posting_the_last(tmp_path):
         # As a trainer does: the next version only once the searcher's round is in.
         return versions[min(len(buffer.adds), 1)]
 
-    loop = make_loop(tmp_path, buffer, latest=latest, sync=True, max_rounds=2)
+    loop = make_loop(tmp_path, buffer, latest=latest, one_round_per_version=True, max_rounds=2)
     trace = trace_rounds(loop, buffer, gate=False)
     assert loop.run() == 2
     assert trace.posted_at_generate == [0, 1]

@@ -51,7 +51,7 @@ def apply_mode(settings: LocalRunSettings) -> None:
     trainer.recency_probability = 1.0
     trainer.max_age_versions = 0
     trainer.min_batch_prompts = trainer.num_prompts
-    searcher.sync = True
+    searcher.one_round_per_version = True
     searcher.min_version = 1  # the first version the trainer publishes, before any step
     # Together the searchers generate at least one whole batch per version.
     searcher.prompts_per_round = -(-trainer.num_prompts // settings.local.searchers)

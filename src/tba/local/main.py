@@ -42,9 +42,10 @@ class LocalRunSettings(CommandSettings):
     searcher: SearcherSettings = demo_searcher()
     engine: EngineSettings = EngineSettings()
     # Completions of a 2-digit sum repeat often: de-duplication would leave one copy of the
-    # right answer per prompt and starve the trainer of its reward signal.
+    # right answer per prompt and starve the trainer of its reward signal. A recency window
+    # of one searcher round trains on the newest completions only.
     buffer: BufferSettings = BufferSettings(
-        grpc_port=0, http_port=0, recency_window=32, dedup=False
+        grpc_port=0, http_port=0, recency_window=16, dedup=False
     )
     objectstore: ObjectStoreSettings = ObjectStoreSettings()
     model: ModelSettings = ModelSettings()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import time
@@ -70,6 +71,7 @@ class LocalRun:
 
         address = self._start_buffer(supervisor)
         trainer = self._start_trainer_and_searchers(supervisor, base, address)
+        os.nice(self.settings.local.evaluator_niceness)
         watcher = VersionWatcher(
             open_store(self.settings.objectstore), evaluator, self.run_dir / "eval", started_at_s
         )

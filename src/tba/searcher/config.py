@@ -90,10 +90,12 @@ class SearcherSettings(Section):
         description="Wait for this weight version before each round (1 in `--mode sync`: "
         "generate only with the weights the trainer published after its last step).",
     )
-    sync: bool = Field(
+    one_round_per_version: bool = Field(
         False,
-        description="One round per weight version: after each round, wait for a version newer "
-        "than the one it generated with (the synchronous baseline, `tba local --mode sync`).",
+        description="After each round, wait until it is posted and a version newer than the "
+        "one it generated with is loaded. The synchronous baseline (`tba local --mode sync`) "
+        "needs it; the demo uses it too, since on a machine the trainer shares, rounds the "
+        "trainer can never use take its CPU.",
     )
     idle_poll_s: float = Field(
         1.0, gt=0.0, le=600.0, description="Wait before leasing again when no prompt is free."

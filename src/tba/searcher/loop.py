@@ -15,9 +15,9 @@ Collaborators are injected: the buffer (`BufferClient`), the `GenerationEngine`,
 reward, the `ReferenceScorer`, the `WeightSync`, the metrics and a clock. Every phase is timed
 (`searcher/<phase>_s`; `wait_finish_s` is the time the loop waited for the previous finish).
 The loop never waits for the trainer, except when asked to: with `min_version`, each round
-first waits for that version to be loaded; with `sync` (the synchronous baseline), for a
-version newer than the previous round's, which the trainer can only publish once that round
-is posted, so a sync round first waits for the finish in flight.
+first waits for that version to be loaded; with `one_round_per_version`, for a version newer
+than the previous round's, which a synchronous trainer can only publish once that round is
+posted, so such a round first waits for the finish in flight.
 """
 
 from __future__ import annotations
@@ -129,8 +129,8 @@ class SearcherLoop:
     def _generate(self) -> GeneratedRound | None:
         """A round up to its hand-over; None when it generated nothing."""
         phases = Phases(self.clock)
-        if self.settings.sync:
-            # The next version needs this searcher's last round in the buffer first.
+        if self.settings.one_round_per_version:
+            # A synchronous trainer's next version needs this round in the buffer first.
             self._wait_finish()
             phases.done("wait_finish")
         # Weights: a newer version is loaded between generations, never within one.
@@ -172,8 +172,9 @@ class SearcherLoop:
         return (lease.lease_id, *self._tokenize(lease.prompts))
 
     def _sync_weights(self) -> float | None:
-        """Reload seconds when a newer version was loaded. With `min_version` (or `sync`)
-        set, polls until the engine holds the version required (or the loop is stopped)."""
+        """Reload seconds when a newer version was loaded. With `min_version` (or
+        `one_round_per_version`) set, polls until the engine holds the version required (or the
+        loop is stopped)."""
         reload_s = self.weights.check()
         required = self._required_version()
         if self.engine.version < required:
@@ -186,7 +187,7 @@ class SearcherLoop:
 
     def _required_version(self) -> int:
         required = self.settings.min_version
-        if self.settings.sync and self.generated_version is not None:
+        if self.settings.one_round_per_version and self.generated_version is not None:
             required = max(required, self.generated_version + 1)
         return required
 
