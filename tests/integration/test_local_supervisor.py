@@ -1,5 +1,5 @@
-"""`tba local` starts its services together and stops them together: Ctrl-C (SIGINT) leaves no
-process behind."""
+"""`tba local` starts its services together and stops them together: Ctrl-C (SIGINT) or SIGTERM
+leaves no process behind."""
 
 import os
 import re
@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from tba.local.supervisor import Supervisor
 
@@ -33,7 +35,8 @@ def test_supervisor_stops_in_reverse_order_and_kills_the_stubborn(tmp_path):
     assert "up" in (tmp_path / "logs" / "second.log").read_text()
 
 
-def test_ctrl_c_stops_every_service(tmp_path, demo_base_model):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stop_signal_stops_every_service(tmp_path, demo_base_model, signum):
     cmd = [sys.executable, "-m", "tba", "local", "--run-dir", str(tmp_path / "run")]
     cmd += ["--model", str(demo_base_model), "--steps", "100000", "--set", "local.progress=false"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -46,7 +49,7 @@ def test_ctrl_c_stops_every_service(tmp_path, demo_base_model):
     pids = [int(p) for p in re.findall(r"started \S+ \(pid (\d+)\)", "".join(lines))]
     assert len(pids) == 3, lines  # buffer, searcher, trainer
     time.sleep(5)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     output = "".join(lines) + proc.communicate(timeout=120)[0]
     assert proc.returncode == 0, output
     assert "interrupted: stopping every service" in output

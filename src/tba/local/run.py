@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -34,6 +35,10 @@ RUN_OUTPUTS = (
 )
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 class ServiceFailedError(RuntimeError):
     """A child service exited with an error; its log names the cause."""
 
@@ -55,6 +60,9 @@ class LocalRun:
         supervisor = Supervisor(self.run_dir / "logs")
         started_at_s = time.time()
         steps = 0
+        # `kill`, a container stop or a job started in the background (where the shell leaves
+        # SIGINT ignored) stop the run as Ctrl-C does: services in order, then the report.
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
             steps = self._serve(supervisor, base, evaluator, started_at_s)
         except KeyboardInterrupt:
