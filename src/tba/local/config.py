@@ -98,7 +98,7 @@ class BootstrapSettings(Section):
 
 def demo_trainer() -> TrainerSettings:
     return TrainerSettings(
-        steps=2200,
+        steps=2800,
         num_prompts=16,
         samples_per_prompt=8,
         min_samples_per_prompt=2,
