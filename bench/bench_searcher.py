@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from bench.common import Row
+from bench.common import Row, proc_stat
 from tba.buffer.config import BufferClientSettings
 from tba.models.config import ModelSettings
 from tba.objectstore.config import ObjectStoreSettings
@@ -110,22 +110,22 @@ def tree_cpu_s(root_pid: int, exclude_pid: int) -> float:
     `exclude_pid` and its own (the buffer service, which a searcher does not run), from
     /proc: an engine's worker processes (vLLM's) count as the searcher's."""
     children: dict[int, list[int]] = {}
-    cpu_ticks: dict[int, int] = {}
+    cpu_s: dict[int, float] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
+        pid = int(stat.parent.name)
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            process = proc_stat(pid)
         except OSError:  # exited meanwhile
             continue
-        pid = int(stat.parent.name)
-        children.setdefault(int(fields[1]), []).append(pid)
-        cpu_ticks[pid] = int(fields[11]) + int(fields[12])  # utime, stime
-    ticks, todo = 0, [root_pid]
+        children.setdefault(process.parent_pid, []).append(pid)
+        cpu_s[pid] = process.cpu_s
+    total_s, todo = 0.0, [root_pid]
     while todo:
         pid = todo.pop()
         if pid != exclude_pid:
-            ticks += cpu_ticks.get(pid, 0)
+            total_s += cpu_s.get(pid, 0.0)
             todo += children.get(pid, [])
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return total_s
 
 
 @dataclass
