@@ -1,5 +1,6 @@
-"""The searcher's reference scorer: batches of similar lengths with bounded padding, and
-values equal to `sequence_logprobs` of each completion alone, in the caller's order."""
+"""The searcher's reference scorer: a prompt's completions batched together, batches of
+similar lengths with bounded padding and rows, and values equal to `sequence_logprobs` of each
+completion alone, in the caller's order."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from tba.models.config import ModelSettings
 from tba.models.loading import load_model
 from tba.models.logprobs import sequence_logprobs
-from tba.searcher.reference import MAX_PADDING, ReferenceScorer, length_batches
+from tba.searcher.reference import MAX_PADDING, ReferenceScorer, length_batches, prompt_groups
 
 MODEL = ModelSettings(tiny_layers=1, tiny_width=32, tiny_heads=2, tiny_positions=64)
 
@@ -31,10 +32,21 @@ def test_a_row_longer_than_its_neighbours_gets_a_batch_of_its_own():
     assert length_batches([5, 50, 5, 5], max_rows=8) == [[0, 2, 3], [1]]
 
 
+def test_equal_prompts_group_together_up_to_the_row_bound():
+    prompts = [[1, 2], [1, 3], [1, 2], [1, 2], [1, 3], [1, 2]]
+    assert prompt_groups(prompts, max_rows=3) == [[0, 2, 3], [1, 4], [5]]
+
+
+def test_batches_count_the_completions_of_each_sequence():
+    batches = length_batches([10, 10, 10, 10], max_rows=8, rows=[3, 3, 3, 2])
+    assert [sum([3, 3, 3, 2][i] for i in b) for b in batches] == [6, 5]
+
+
 def test_scores_equal_each_completion_scored_alone_in_order():
     tokenizer, model = load_model(MODEL, 0)
     rng = random.Random(0)
-    prompts = [[1, *rng.choices(range(4, 40), k=rng.randrange(1, 8))] for _ in range(23)]
+    prompts = [[1, *rng.choices(range(4, 40), k=rng.randrange(1, 8))] for _ in range(8)]
+    prompts = [rng.choice(prompts) for _ in range(23)]
     completions = [rng.choices(range(4, 40), k=rng.randrange(1, 30)) for _ in range(23)]
     scorer = ReferenceScorer(model, tokenizer.pad_token_id, 0.7, batch_size=4)
     got = scorer.score(prompts, completions)
