@@ -281,6 +281,26 @@ def test_sync_generates_one_round_per_version_after_posting_the_last(tmp_path):
     assert [{t.policy_version for t in batch} for batch, _, _ in buffer.adds] == [{1}, {2}]
 
 
+def test_one_round_per_version_overlaps_the_finish_when_the_next_version_is_out(tmp_path):
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    versions = []
+    for v in (1, 2):
+        tokenizer, model = load_model(MODEL, v)
+        versions.append(publish_weights(store, v, v, model, tokenizer))
+    buffer = RecordingBuffer(PROMPTS)
+
+    def latest():
+        # As an asynchronous trainer does: version 2 comes from training on an older round.
+        return versions[min(len(trace.posted_at_generate), 1)]
+
+    loop = make_loop(tmp_path, buffer, latest=latest, one_round_per_version=True, max_rounds=2)
+    trace = trace_rounds(loop, buffer)
+    assert loop.run() == 2
+    # Round 1's finish waited for generation 2 to start: version 2 did not wait for its post.
+    assert trace.posted_at_generate == [0, 0]
+    assert [{t.policy_version for t in batch} for batch, _, _ in buffer.adds] == [{1}, {2}]
+
+
 @dataclass
 class TracingEngine:
     """The loop's engine, calling `before` as each generation starts."""

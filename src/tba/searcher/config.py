@@ -92,8 +92,8 @@ class SearcherSettings(Section):
     )
     one_round_per_version: bool = Field(
         False,
-        description="After each round, wait until it is posted and a version newer than the "
-        "one it generated with is loaded. The synchronous baseline (`tba local --mode sync`) "
+        description="After each round, wait until a version newer than the one it generated "
+        "with is loaded. The synchronous baseline (`tba local --mode sync`) "
         "needs it; the demo uses it too, since on a machine the trainer shares, rounds the "
         "trainer can never use take its CPU.",
     )

@@ -1,7 +1,7 @@
 """The searcher loop. Each round:
 
-    [wait for the previous round's finish] -> weights -> lease prompts -> tokenize
-    -> generate S each -> hand the round to the finish stage
+    weights -> lease prompts -> tokenize -> generate S each
+    -> [wait for the previous round's finish] -> hand the round to the finish stage
 
 and the finish stage (tba.searcher.finish: drop duplicates -> reward -> reference log-probs
 -> AddTrajectories acknowledging the lease -> metrics) runs on one worker thread while the
@@ -16,8 +16,9 @@ reward, the `ReferenceScorer`, the `WeightSync`, the metrics and a clock. Every 
 (`searcher/<phase>_s`; `wait_finish_s` is the time the loop waited for the previous finish).
 The loop never waits for the trainer, except when asked to: with `min_version`, each round
 first waits for that version to be loaded; with `one_round_per_version`, for a version newer
-than the previous round's, which a synchronous trainer can only publish once that round is
-posted, so such a round first waits for the finish in flight.
+than the previous round's. The previous round's finish goes on meanwhile: an asynchronous
+trainer may publish that version before the round is posted (it trains on the round before),
+and the next round then generates while the previous one is scored and posted.
 """
 
 from __future__ import annotations
@@ -129,10 +130,6 @@ class SearcherLoop:
     def _generate(self) -> GeneratedRound | None:
         """A round up to its hand-over; None when it generated nothing."""
         phases = Phases(self.clock)
-        if self.settings.one_round_per_version:
-            # A synchronous trainer's next version needs this round in the buffer first.
-            self._wait_finish()
-            phases.done("wait_finish")
         # Weights: a newer version is loaded between generations, never within one.
         reload_s = self._sync_weights()
         phases.done("weights")
