@@ -125,7 +125,8 @@ class EngineSettings(Section):
         256,
         ge=1,
         le=65_536,
-        description="transformers: most sequences (prompts x n) in one generate call.",
+        description="transformers: most sequences (prompts x n) in one generate call (a "
+        "prompt's n samples always share one).",
     )
     gpu_memory_utilization: float = Field(
         0.85, gt=0.0, le=1.0, description="vLLM: fraction of GPU memory it may take."
