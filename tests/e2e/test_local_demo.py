@@ -4,7 +4,7 @@ accuracy of the published weights rises clearly above the base within a fixed st
 from tests.fixtures.local_run import run_local
 
 STEPS = 500
-# The demo's schedule, compressed into the test's steps (it decays over 1,500 by default).
+# The demo's schedule, compressed into the test's steps (it decays over 2,500 by default).
 DECAY = ("--set", "optim.decay_steps=400")
 
 

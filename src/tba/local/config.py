@@ -82,7 +82,7 @@ class BootstrapSettings(Section):
         "point of that jump, where RL has room and signal.",
     )
     check_every_steps: int = Field(
-        10, ge=1, le=100_000, description="Supervised steps between validation checks."
+        5, ge=1, le=100_000, description="Supervised steps between validation checks."
     )
     validation_prompts: int = Field(
         200,
@@ -108,6 +108,10 @@ def demo_trainer() -> TrainerSettings:
         # a 2-version cut ran 10% more steps a second but learned less. Publishing every step
         # and a 1-version cut keep every completion one step old.
         max_age_versions=1,
+        # Completions one step old, weighted by their importance ratio under the current
+        # policy (clipped to [0, 2]), learned per step about as fast as on-policy ones: 0.80
+        # held-out accuracy at step 559 against 816-1,151 unweighted.
+        importance_weights=True,
         recency_probability=0.95,
         micro_batch_size=128,
         temperature=1.0,
