@@ -1,13 +1,14 @@
 """The one-machine demo's learning, and asynchrony against the synchronous baseline: `tba
 local` in `async` and `--mode sync` from the same base model (bootstrapped once) with the
 demo's defaults, each a run of real processes. Reported: wall time (from the services' start)
-until held-out greedy accuracy first reaches 0.80 and 0.90 (targets: 3 and 8 minutes) and
-base + 0.25 / base + 0.10 for each mode, and the ratio async / sync of the latter (below 1:
-asynchrony is faster).
+until held-out greedy accuracy first reaches 0.80 and 0.90 (targets: 3 and 8 minutes), and
+for each mode the time to base + 0.25, base + 0.10 and 0.80 with the ratio async / sync of
+each (below 1: asynchrony is faster).
 
-A run is stopped (SIGTERM, as Ctrl-C) once it has reached every accuracy reported or after
-`LIMIT_S`: the synchronous baseline would otherwise take many times the async run's time for
-the demo's steps. A mode that misses an accuracy within the limit reports the limit as a bound.
+A run is stopped (SIGTERM, as Ctrl-C) once it has reached every accuracy reported (async: 0.90
+and base + 0.25; sync: 0.80 and base + 0.25) or after `LIMIT_S`: the synchronous baseline
+would otherwise run the demo's steps at a fraction of the async speed. A mode that misses an
+accuracy within the limit has its run's length as a bound on the ratio.
 `--quick` stops each run after 300 trainer steps instead.
 """
 
@@ -30,6 +31,9 @@ from tba.tasks.arithmetic import ArithmeticTask
 MARGINS = (0.25, 0.10)
 # Held-out accuracy the demo must reach (TB, async) within so many seconds.
 ACCURACY_TARGETS_S = ((0.80, 180.0), (0.90, 480.0))
+# The on-policy baseline also runs to this accuracy, where asynchrony has to earn its keep
+# (well-tuned on-policy trainers reach it in one to two minutes on 2 cores).
+SYNC_TARGET = 0.80
 # Longest run of each mode, seconds from the services' start.
 LIMIT_S = 720.0
 POLL_S = 2.0
@@ -92,32 +96,37 @@ def _target_rows(points: list[dict[str, Any]]) -> list[Row]:
 def _rows(points: dict[str, list[dict[str, Any]]]) -> list[Row]:
     base = points["async"][0]["accuracy"]
     rows = [Row("local", "base held-out accuracy", base, ""), *_target_rows(points["async"])]
-    for margin in MARGINS:
-        seconds = {mode: _seconds_to(p, base + margin) for mode, p in points.items()}
-        for mode, value in seconds.items():
-            rows.append(Row("local", f"{mode}: s to base+{margin}", value or float("nan"), "s"))
-        fast, slow = seconds["async"], seconds["sync"]
-        bound = ""
-        if fast is not None and slow is None:
-            # The baseline missed within its run: its run's length bounds the ratio.
-            slow, bound = points["sync"][-1]["wall_s"], " (sync missed: at most)"
-        ratio = fast / slow if fast is not None and slow is not None else None
-        rows.append(
-            Row(
-                "local",
-                f"async / sync time to base+{margin}{bound}",
-                ratio if ratio is not None else float("nan"),
-                "x",
-                baseline=slow,
-                ratio=ratio,
-                target="< 1",
-                passed=None if ratio is None else ratio < 1,
-            )
-        )
+    levels = [(f"base+{m}", base + m) for m in MARGINS] + [(f"{SYNC_TARGET:.2f}", SYNC_TARGET)]
+    for name, accuracy in levels:
+        rows += _ratio_rows(points, name, accuracy)
     for mode, p in points.items():
         rows.append(
             Row("local", f"{mode}: best held-out accuracy", max(x["accuracy"] for x in p), "")
         )
+    return rows
+
+
+def _ratio_rows(points: dict[str, list[dict[str, Any]]], name: str, accuracy: float) -> list[Row]:
+    seconds = {mode: _seconds_to(p, accuracy) for mode, p in points.items()}
+    rows = [Row("local", f"{m}: s to {name}", v or float("nan"), "s") for m, v in seconds.items()]
+    fast, slow = seconds["async"], seconds["sync"]
+    bound = ""
+    if fast is not None and slow is None:
+        # The baseline missed within its run: its run's length bounds the ratio.
+        slow, bound = points["sync"][-1]["wall_s"], " (sync missed: at most)"
+    ratio = fast / slow if fast is not None and slow is not None else None
+    rows.append(
+        Row(
+            "local",
+            f"async / sync time to {name}{bound}",
+            ratio if ratio is not None else float("nan"),
+            "x",
+            baseline=slow,
+            ratio=ratio,
+            target="< 1",
+            passed=None if ratio is None else ratio < 1,
+        )
+    )
     return rows
 
 
@@ -126,7 +135,7 @@ def run(quick: bool) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="tba-bench-local-") as tmp:
         root = Path(tmp)
         base = bootstrap_base_model(root, BootstrapSettings(), ArithmeticTask())
-        targets = {"async": tuple(a for a, _ in ACCURACY_TARGETS_S), "sync": ()}
+        targets = {"async": tuple(a for a, _ in ACCURACY_TARGETS_S), "sync": (SYNC_TARGET,)}
         points = {
             mode: _run(root / mode, base, mode, steps, mode_targets)
             for mode, mode_targets in targets.items()

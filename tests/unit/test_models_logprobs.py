@@ -11,7 +11,7 @@ import torch
 
 from tba.models.config import ModelSettings
 from tba.models.loading import load_model
-from tba.models.logprobs import pack_shared_prompts, sequence_logprobs
+from tba.models.logprobs import pack_shared_prompts, plan_sequences, sequence_logprobs
 
 MODEL = ModelSettings(tiny_layers=2, tiny_width=32, tiny_heads=2, tiny_positions=128)
 TEMPERATURE = 0.7
@@ -85,6 +85,16 @@ def test_long_completions_of_a_short_prompt_are_packed_only_where_it_costs_less(
     got = sequence_logprobs(model, prompts, long, TEMPERATURE, pad)
     want = torch.stack([_alone(model, p, c) for p, c in zip(prompts, long, strict=True)])
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+def test_a_plan_holds_at_most_max_rows_a_sequence_and_plans_again_the_same():
+    prompts = [[1, 4]] * 5 + [[1, 5]] * 2
+    completions = [[6]] * 7
+    capped = [[0, 1], [2, 3], [4], [5, 6]]
+    assert plan_sequences(prompts, completions, 32, max_rows=2) == capped
+    again = [row for rows in capped for row in rows]
+    assert plan_sequences([prompts[r] for r in again], completions, 32, max_rows=2) == capped
+    assert plan_sequences(prompts, completions, 32) == [[0, 1, 2, 3, 4], [5, 6]]
 
 
 @pytest.mark.parametrize(

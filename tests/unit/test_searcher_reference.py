@@ -1,5 +1,5 @@
-"""The searcher's reference scorer: a prompt's completions batched together, batches of
-similar lengths with bounded padding and rows, and values equal to `sequence_logprobs` of each
+"""The searcher's reference scorer: packed sequences in batches of similar lengths with bounded
+padding and completions, and values equal to `sequence_logprobs` of each
 completion alone, in the caller's order."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from tba.models.config import ModelSettings
 from tba.models.loading import load_model
 from tba.models.logprobs import sequence_logprobs
-from tba.searcher.reference import MAX_PADDING, ReferenceScorer, length_batches, prompt_groups
+from tba.searcher.reference import MAX_PADDING, ReferenceScorer, length_batches
 
 MODEL = ModelSettings(tiny_layers=1, tiny_width=32, tiny_heads=2, tiny_positions=64)
 
@@ -30,11 +30,6 @@ def test_batches_hold_every_row_once_within_the_row_and_padding_bounds():
 
 def test_a_row_longer_than_its_neighbours_gets_a_batch_of_its_own():
     assert length_batches([5, 50, 5, 5], max_rows=8) == [[0, 2, 3], [1]]
-
-
-def test_equal_prompts_group_together_up_to_the_row_bound():
-    prompts = [[1, 2], [1, 3], [1, 2], [1, 2], [1, 3], [1, 2]]
-    assert prompt_groups(prompts, max_rows=3) == [[0, 2, 3], [1, 4], [5]]
 
 
 def test_batches_count_the_completions_of_each_sequence():

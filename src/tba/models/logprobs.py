@@ -51,8 +51,7 @@ def sequence_logprobs(
     if temperature <= 0:
         raise ValueError("temperature must be > 0")
     device = next(model.parameters()).device
-    hidden_size = int(getattr(model.config, "hidden_size", 0)) or None
-    batch = pack_shared_prompts(prompts, completions, pad_token_id, hidden_size, device)
+    batch = pack_shared_prompts(prompts, completions, pad_token_id, hidden_size_of(model), device)
     logits = model(
         input_ids=batch.input_ids,
         attention_mask=_mask_for(model, batch.attention),
@@ -78,8 +77,8 @@ def pack_shared_prompts(
         raise ValueError("prompts and completions differ in number")
     if any(len(p) == 0 for p in prompts) or any(len(c) == 0 for c in completions):
         raise ValueError("every prompt and completion needs at least one token")
-    sequences = _plan_sequences(prompts, completions, hidden_size)
-    width = max(_sequence_length(prompts, completions, rows) for rows in sequences)
+    sequences = plan_sequences(prompts, completions, hidden_size)
+    width = max(packed_length(prompts, completions, rows) for rows in sequences)
     shape = (len(sequences), width)
     input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
     position_ids = torch.zeros(shape, dtype=torch.long)
@@ -115,19 +114,30 @@ def pack_shared_prompts(
     )
 
 
-def _plan_sequences(
+def hidden_size_of(model: torch.nn.Module) -> int | None:
+    return int(getattr(getattr(model, "config", None), "hidden_size", 0)) or None
+
+
+def plan_sequences(
     prompts: Sequence[Sequence[int]],
     completions: Sequence[Sequence[int]],
     hidden_size: int | None,
+    max_rows: int | None = None,
 ) -> list[list[int]]:
     """Rows per packed sequence: one prompt's rows in order; a row starts a new sequence where
-    joining the open one would cost more than running alone."""
+    joining the open one would cost more than running alone, or hold over `max_rows`. Rows
+    given sequence by sequence plan again into the same sequences (or fewer, uncapped)."""
     open_sequence: dict[tuple[int, ...], list[int]] = {}
     sequences: list[list[int]] = []
     for row, prompt in enumerate(prompts):
         key = tuple(prompt)
         rows = open_sequence.get(key)
-        if rows is None or not _cheaper_joined(prompts, completions, rows, row, hidden_size):
+        full = rows is not None and max_rows is not None and len(rows) >= max_rows
+        if (
+            rows is None
+            or full
+            or not _cheaper_joined(prompts, completions, rows, row, hidden_size)
+        ):
             rows = open_sequence[key] = []
             sequences.append(rows)
         rows.append(row)
@@ -143,9 +153,9 @@ def _cheaper_joined(
 ) -> bool:
     if hidden_size is None:
         return True
-    length = _sequence_length(prompts, completions, rows)
-    joined = _sequence_length(prompts, completions, [*rows, row])
-    alone = _sequence_length(prompts, completions, [row])
+    length = packed_length(prompts, completions, rows)
+    joined = packed_length(prompts, completions, [*rows, row])
+    alone = packed_length(prompts, completions, [row])
     cost = _layer_cost
     return cost(joined, hidden_size) - cost(length, hidden_size) < cost(alone, hidden_size)
 
@@ -157,7 +167,7 @@ def _layer_cost(tokens: int, hidden_size: int) -> int:
     return 12 * hidden_size * tokens + 2 * tokens * tokens
 
 
-def _sequence_length(
+def packed_length(
     prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], rows: list[int]
 ) -> int:
     return len(prompts[rows[0]]) - 1 + sum(len(completions[r]) for r in rows)

@@ -3,9 +3,9 @@ model (never the hot-reloaded policy), computed once here and stored with the tr
 the trainer never runs the reference model (DESIGN.md section 2).
 
 This forward pass is most of a round's finish stage, whose CPU comes out of the next round's
-generation when no core is spare, so it wastes as little as it can: a prompt's completions go
-into one batch, where they share the prompt's forward pass, and prompts are sorted by the
-length of their packed completions and batched so that padding stays within `MAX_PADDING` of
+generation when no core is spare, so it wastes as little as it can: completions are planned
+into the packed sequences `sequence_logprobs` runs (a prompt's short completions share one),
+and the sequences sorted by length and batched so that padding stays within `MAX_PADDING` of
 the tokens scored, under inference mode."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from tba.models.logprobs import sequence_logprobs
+from tba.models.logprobs import hidden_size_of, packed_length, plan_sequences, sequence_logprobs
 
 # Padded positions cost as much as real ones, and on a CPU a forward pass costs about the same
 # per token from 4 rows a batch up, so a batch is cut where padding would pass this fraction of
@@ -47,12 +47,13 @@ class ReferenceScorer:
         """Temperature-scaled sequence log-probs of each (prompt, completion), in order."""
         if len(prompts) != len(completions):
             raise ValueError("prompts and completions differ in number")
-        groups = prompt_groups(prompts, self.batch_size)
-        lengths = [len(prompts[g[0]]) + sum(len(completions[i]) for i in g) for g in groups]
+        width = hidden_size_of(self.model)
+        sequences = plan_sequences(prompts, completions, width, self.batch_size)
+        lengths = [packed_length(prompts, completions, rows) for rows in sequences]
         values = [0.0] * len(prompts)
         with torch.inference_mode():
-            for batch in length_batches(lengths, self.batch_size, [len(g) for g in groups]):
-                rows = [i for g in batch for i in groups[g]]
+            for batch in length_batches(lengths, self.batch_size, [len(r) for r in sequences]):
+                rows = [i for s in batch for i in sequences[s]]
                 logprobs = sequence_logprobs(
                     self.model,
                     [prompts[i] for i in rows],
@@ -63,19 +64,6 @@ class ReferenceScorer:
                 for i, value in zip(rows, logprobs.float().cpu().tolist(), strict=True):
                     values[i] = value
         return values
-
-
-def prompt_groups(prompts: Sequence[Sequence[int]], max_rows: int) -> list[list[int]]:
-    """Indices of equal prompts together, at most `max_rows` to a group."""
-    open_group: dict[tuple[int, ...], list[int]] = {}
-    groups: list[list[int]] = []
-    for i, prompt in enumerate(prompts):
-        group = open_group.get(tuple(prompt))
-        if group is None or len(group) >= max_rows:
-            group = open_group[tuple(prompt)] = []
-            groups.append(group)
-        group.append(i)
-    return groups
 
 
 def length_batches(
