@@ -77,8 +77,10 @@ def test_long_completions_of_a_short_prompt_are_packed_only_where_it_costs_less(
     pad = tokenizer.pad_token_id
     assert pack_shared_prompts(prompts, long, pad).input_ids.shape[0] == 1
     # Width 32: a second 10-token completion after 2 prompt tokens is cheaper joined (4,520
-    # multiply-adds / d against 4,896 alone), a third is not (4,920).
-    assert pack_shared_prompts(prompts, long, pad, hidden_size=32).input_ids.shape == (5, 22)
+    # multiply-adds / d against 4,896 alone), a third is not (4,920)...
+    assert [len(r) for r in plan_sequences(prompts, long, 32)] == [2, 2, 2, 2, 1]
+    # ...but 5 sequences padded to 22 tokens cost more than 9 rows of 12 (47,080 / 44,064).
+    assert pack_shared_prompts(prompts, long, pad, hidden_size=32).input_ids.shape == (9, 12)
     # Short completions of the same prompt share one sequence at any width.
     short = [[6 + i] for i in range(9)]
     assert pack_shared_prompts(prompts, short, pad, hidden_size=32).input_ids.shape == (1, 11)

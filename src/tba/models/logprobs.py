@@ -11,8 +11,10 @@ a training step's forward and backward take half the time, a reference pass 40%.
 are those of each (prompt, completion) run alone, to float rounding.
 
 Attention over a packed sequence costs its length squared, so a completion joins its prompt's
-sequence only where that costs fewer multiply-adds than a sequence of its own: long
-completions of a short prompt (hundreds of tokens after a dozen) each keep their own."""
+sequence only where that costs fewer multiply-adds than a sequence of its own (long
+completions of a short prompt, hundreds of tokens after a dozen, each keep their own), and a
+batch is packed only where its sequences, padded to the longest, cost less than one row per
+completion."""
 
 from __future__ import annotations
 
@@ -78,6 +80,8 @@ def pack_shared_prompts(
     if any(len(p) == 0 for p in prompts) or any(len(c) == 0 for c in completions):
         raise ValueError("every prompt and completion needs at least one token")
     sequences = plan_sequences(prompts, completions, hidden_size)
+    if hidden_size is not None and not _packing_pays(prompts, completions, sequences, hidden_size):
+        sequences = [[row] for row in range(len(prompts))]
     width = max(packed_length(prompts, completions, rows) for rows in sequences)
     shape = (len(sequences), width)
     input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
@@ -158,6 +162,24 @@ def _cheaper_joined(
     alone = packed_length(prompts, completions, [row])
     cost = _layer_cost
     return cost(joined, hidden_size) - cost(length, hidden_size) < cost(alone, hidden_size)
+
+
+def _packing_pays(
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    sequences: list[list[int]],
+    hidden_size: int,
+) -> bool:
+    """Whether the packed sequences, padded to the longest, cost less than one padded row per
+    completion: sequences of uneven length (a prompt's 7 completions beside another's 1) can
+    pad away what sharing saved."""
+    rows = [[row] for row in range(len(prompts))]
+    cost = {
+        name: len(plan)
+        * _layer_cost(max(packed_length(prompts, completions, r) for r in plan), hidden_size)
+        for name, plan in (("packed", sequences), ("rows", rows))
+    }
+    return cost["packed"] < cost["rows"]
 
 
 def _layer_cost(tokens: int, hidden_size: int) -> int:
