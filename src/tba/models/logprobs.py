@@ -157,11 +157,11 @@ def _cheaper_joined(
 ) -> bool:
     if hidden_size is None:
         return True
-    length = packed_length(prompts, completions, rows)
-    joined = packed_length(prompts, completions, [*rows, row])
-    alone = packed_length(prompts, completions, [row])
-    cost = _layer_cost
-    return cost(joined, hidden_size) - cost(length, hidden_size) < cost(alone, hidden_size)
+    length, joined, alone = (
+        _layer_cost(packed_length(prompts, completions, r), hidden_size)
+        for r in (rows, [*rows, row], [row])
+    )
+    return joined - length < alone
 
 
 def _packing_pays(
@@ -173,13 +173,12 @@ def _packing_pays(
     """Whether the packed sequences, padded to the longest, cost less than one padded row per
     completion: sequences of uneven length (a prompt's 7 completions beside another's 1) can
     pad away what sharing saved."""
-    rows = [[row] for row in range(len(prompts))]
-    cost = {
-        name: len(plan)
-        * _layer_cost(max(packed_length(prompts, completions, r) for r in plan), hidden_size)
-        for name, plan in (("packed", sequences), ("rows", rows))
-    }
-    return cost["packed"] < cost["rows"]
+
+    def padded_cost(plan: list[list[int]]) -> int:
+        width = max(packed_length(prompts, completions, rows) for rows in plan)
+        return len(plan) * _layer_cost(width, hidden_size)
+
+    return padded_cost(sequences) < padded_cost([[row] for row in range(len(prompts))])
 
 
 def _layer_cost(tokens: int, hidden_size: int) -> int:
