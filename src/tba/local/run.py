@@ -60,9 +60,11 @@ class LocalRun:
         supervisor = Supervisor(self.run_dir / "logs")
         started_at_s = time.time()
         steps = 0
-        # `kill`, a container stop or a job started in the background (where the shell leaves
-        # SIGINT ignored) stop the run as Ctrl-C does: services in order, then the report.
+        # `kill`, a container stop, and SIGINT to a run that a non-interactive shell started in
+        # the background (which leaves SIGINT ignored: Python then keeps it ignored) stop the
+        # run as Ctrl-C does: services in order, then the report.
         signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGINT, _interrupt)
         try:
             steps = self._serve(supervisor, base, evaluator, started_at_s)
         except KeyboardInterrupt:
