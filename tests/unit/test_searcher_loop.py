@@ -262,12 +262,18 @@ def test_stopping_while_waiting_for_min_version_ends_the_round(tmp_path):
     assert not buffer.attempts
 
 
-def test_sync_generates_one_round_per_version_after_posting_the_last(tmp_path):
+def publish_two_versions(tmp_path: Path) -> list[Any]:
+    """Weight versions 1 and 2 (different weights) in a file:// store."""
     store = FileStore(f"file://{tmp_path / 'store'}")
     versions = []
     for v in (1, 2):
         tokenizer, model = load_model(MODEL, v)
         versions.append(publish_weights(store, v, v, model, tokenizer))
+    return versions
+
+
+def test_sync_generates_one_round_per_version_after_posting_the_last(tmp_path):
+    versions = publish_two_versions(tmp_path)
     buffer = RecordingBuffer(PROMPTS)
 
     def latest():
@@ -282,11 +288,7 @@ def test_sync_generates_one_round_per_version_after_posting_the_last(tmp_path):
 
 
 def test_one_round_per_version_overlaps_the_finish_when_the_next_version_is_out(tmp_path):
-    store = FileStore(f"file://{tmp_path / 'store'}")
-    versions = []
-    for v in (1, 2):
-        tokenizer, model = load_model(MODEL, v)
-        versions.append(publish_weights(store, v, v, model, tokenizer))
+    versions = publish_two_versions(tmp_path)
     buffer = RecordingBuffer(PROMPTS)
 
     def latest():
