@@ -78,6 +78,17 @@ def test_add_is_idempotent_by_request_id(client):
     assert client.stats().trajectories == 3
 
 
+def test_a_request_id_reused_for_another_batch_is_failed_precondition(client):
+    (pid,) = client.put_prompts([Prompt("", "x")]).prompt_ids
+    request_id = uuid.uuid4().hex
+    client.add_trajectories([trajectory(pid, completion=[1])], "s1", request_id=request_id)
+    other = [trajectory(pid, completion=[2])]
+    with pytest.raises(FailedPreconditionError, match=request_id):
+        client.add_trajectories(other, "s1", request_id=request_id)
+    stats = client.stats()
+    assert stats.trajectories == 1 and stats.trajectories_added_total == 1
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -15,8 +15,8 @@ import pytest
 from tba.buffer.memory_store import MemoryStore
 from tba.buffer.redis_store import RedisStore
 from tba.buffer.store import BufferStore, StoreLimits
-from tba.domain import Prompt, WeightVersion
-from tba.errors import UnavailableError
+from tba.domain import AddResult, Prompt, WeightVersion
+from tba.errors import FailedPreconditionError, TbaError, UnavailableError
 from tests.fixtures.data import trajectory
 from tests.fixtures.redis_server import RedisServer
 
@@ -52,8 +52,8 @@ def random_call(rng: random.Random, now: float, lease_ids: list[str]) -> tuple[s
             for _ in range(rng.randint(1, 6))
         ]
         lease = rng.choice([*lease_ids[-3:], "", "l999"])
-        request = f"r{rng.randint(0, 30)}"
-        return "add_trajectories", (request, rng.choice(["s1", "s2"]), lease, trajs, now)
+        request, digest = f"r{rng.randint(0, 30)}", rng.choice(["d0", "d1"])
+        return "add_trajectories", (request, rng.choice(["s1", "s2"]), lease, trajs, now, digest)
     if kind == "read":
         which = rng.choice(["recent", "random", "candidates", "get"])
         if which == "recent":
@@ -64,6 +64,14 @@ def random_call(rng: random.Random, now: float, lease_ids: list[str]) -> tuple[s
             return "candidates", (rng.sample(prompt_ids, 4),)
         return "get_trajectories", ([rng.randint(1, 200) for _ in range(6)],)
     return "counters", (now,)
+
+
+async def outcome(call: Awaitable[Any]) -> Any:
+    """What a store call returned, or the domain error it raised as (type, message)."""
+    try:
+        return await call
+    except TbaError as exc:
+        return type(exc), str(exc)
 
 
 def test_redis_store_computes_exactly_what_memory_store_does(
@@ -82,19 +90,23 @@ def test_redis_store_computes_exactly_what_memory_store_does(
                 method, args = random_call(rng, now, lease_ids)
                 if method == "add_trajectories":  # the service only sends known prompts
                     known = await memory.get_prompts([t.prompt_id for t in args[3]])
-                    args = (*args[:3], [t for t in args[3] if t.prompt_id in known], now)
+                    args = (*args[:3], [t for t in args[3] if t.prompt_id in known], *args[4:])
                     if not args[3]:
                         continue
-                expected = await getattr(memory, method)(*args)
-                got = await getattr(redis_store, method)(*args)
+                expected = await outcome(getattr(memory, method)(*args))
+                got = await outcome(getattr(redis_store, method)(*args))
                 assert got == expected, f"step {step}: {method}{args}"
                 if method == "lease_prompts" and got.lease_id:
                     lease_ids.append(got.lease_id)
                 if method == "add_trajectories":
-                    paths.update(replayed=got.replayed, replaced=got.replaced_duplicates > 0)
+                    refused = isinstance(got, tuple)
+                    paths.update(refused=refused)
+                    if not refused:
+                        paths.update(replayed=got.replayed, replaced=got.replaced_duplicates > 0)
             counters = await redis_store.counters(now)
             assert counters.evicted_total > 0 and counters.trajectories == LIMITS.capacity
             assert paths["replayed"] > 0 and paths["replaced"] > 0 and len(lease_ids) > 10
+            assert paths["refused"] > 0
         finally:
             await redis_store.close()
 
@@ -123,7 +135,7 @@ async def fill(store: BufferStore) -> str:
     lease = await store.lease_prompts("s1", 2, 100.0, NOW)
     for i in range(5):
         trajs = [trajectory(f"q{(i + j) % 6}", (i, j), reward=j / 3, version=i) for j in range(4)]
-        await store.add_trajectories(f"r{i}", "s1", "", trajs, NOW + i)
+        await store.add_trajectories(f"r{i}", "s1", "", trajs, NOW + i, f"d{i}")
     await store.record_sampled(3)
     await store.announce_weights(WeightVersion(4, "file:///w/4", "c" * 64, 8, NOW))
     return lease.lease_id
@@ -146,8 +158,10 @@ def test_everything_comes_back_from_the_aof(redis_server: RedisServer, how: str)
             assert await snapshot(store, NOW + 10) == before
             assert before["counters"].leases_in_flight == 2
             assert (await store.lease_prompts("s2", 6, 1.0, NOW + 10)).prompts[0].id == "q2"
-            result = await store.add_trajectories("r0", "s1", lease_id, [], NOW + 11)
-            assert result.replayed  # request ids survive as well
+            result = await store.add_trajectories("r0", "s1", lease_id, [], NOW + 11, "d0")
+            assert result.replayed  # request ids survive as well, with their digests
+            with pytest.raises(FailedPreconditionError):
+                await store.add_trajectories("r1", "s1", "", [], NOW + 11, "d0")
         finally:
             await store.close()
 
@@ -187,7 +201,7 @@ def test_keys_do_not_grow_with_the_number_of_trajectories(
     async def add_batches(store: BufferStore, batches: range) -> None:
         for b in batches:
             trajs = [trajectory(f"q{i % 6}", (b, i), reward=0.5) for i in range(50)]
-            await store.add_trajectories(f"r{b}", "s1", "", trajs, NOW)
+            await store.add_trajectories(f"r{b}", "s1", "", trajs, NOW, f"d{b}")
 
     async def main() -> tuple[int, int]:
         limits = StoreLimits(10_000, 1000, True, 60.0, (0.0, 1.0))
@@ -242,6 +256,28 @@ def test_scripts_are_loaded_again_after_redis_forgets_them(
             await store.put_prompts([Prompt("a", "x")])
             assert shared_redis.command("SCRIPT", "FLUSH") == "OK"
             assert (await store.put_prompts([Prompt("", "y")])).prompt_ids == ["p1"]
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_request_id_kept_before_digests_still_replays(
+    shared_redis: RedisServer, unique_prefix: str
+) -> None:
+    """An id an older buffer stored ("accepted replaced evicted", no digest) in the same
+    Redis: a retry after the upgrade gets its first result, whatever the digest."""
+    expires_ms = int((NOW + 30) * 1000)
+    shared_redis.command("HSET", f"{unique_prefix}:req", "old", "2 1 0")
+    shared_redis.command("ZADD", f"{unique_prefix}:req_exp", expires_ms, "old")
+
+    async def main() -> None:
+        store = RedisStore(shared_redis.url, unique_prefix, LIMITS)
+        try:
+            await store.put_prompts([Prompt("q1", "x")])
+            again = await store.add_trajectories("old", "s1", "", [trajectory("q1")], NOW, "d")
+            assert again == AddResult(2, 1, 0, replayed=True)
+            assert (await store.counters(NOW)).trajectories == 0
         finally:
             await store.close()
 

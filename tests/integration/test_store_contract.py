@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from tba.buffer import codec
 from tba.buffer.store import BufferStore, Candidate, StoreLimits
 from tba.buffer.stores import open_store
 from tba.domain import (
@@ -73,7 +74,8 @@ async def add(
     request_id: str = "",
 ) -> AddResult:
     request_id = request_id or uuid.uuid4().hex
-    return await store.add_trajectories(request_id, "s1", lease_id, trajectories, now)
+    digest = codec.request_digest("s1", lease_id, trajectories)
+    return await store.add_trajectories(request_id, "s1", lease_id, trajectories, now, digest)
 
 
 async def ids_of(store: BufferStore, prompt_id: str) -> list[int]:
@@ -158,7 +160,7 @@ def test_leasing_records_the_searcher(make_store: MakeStore) -> None:
         await store.lease_prompts("idle", 1, 10.0, NOW)
         await put(store, "a")
         await store.lease_prompts("busy", 1, 10.0, NOW + 1)
-        await store.add_trajectories("r", "busy", "", [trajectory("a")], NOW + 2)
+        await store.add_trajectories("r", "busy", "", [trajectory("a")], NOW + 2, "d")
         searchers = (await store.counters(NOW + 2)).searchers
         assert [(s.searcher_id, s.last_seen_s, s.trajectories_added) for s in searchers] == [
             ("busy", NOW + 2, 1),
@@ -192,9 +194,10 @@ def test_a_repeated_request_id_replays_the_first_result(make_store: MakeStore) -
     async def scenario(store: BufferStore) -> None:
         await put(store, "a", "b")
         await add(store, trajectory("a", (9,)))
-        first = await add(store, trajectory("a", (9,)), trajectory("b"), request_id="r1")
+        batch = (trajectory("a", (9,)), trajectory("b"))
+        first = await add(store, *batch, request_id="r1")
         before = await store.counters(NOW)
-        again = await add(store, trajectory("b", (5,)), request_id="r1", now=NOW + 59)
+        again = await add(store, *batch, request_id="r1", now=NOW + 59)
         assert again == dataclasses.replace(first, replayed=True)
         assert first == AddResult(2, 1, 0)
         assert await store.counters(NOW) == before
@@ -202,6 +205,23 @@ def test_a_repeated_request_id_replays_the_first_result(make_store: MakeStore) -
         after_ttl = await add(store, trajectory("b", (5,)), request_id="r1", now=NOW + 60)
         assert after_ttl == AddResult(1, 0, 0)
         assert await ids_of(store, "b") == [3, 4]
+
+    run(make_store, scenario)
+
+
+def test_a_request_id_reused_for_another_batch_is_refused(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a", "b")
+        first = await add(store, trajectory("a", (1,)), request_id="r1")
+        before = await store.counters(NOW)
+        with pytest.raises(FailedPreconditionError, match=r"'r1'.*different batch"):
+            await add(store, trajectory("b", (5,)), request_id="r1", now=NOW + 1)
+        assert await store.counters(NOW) == before
+        assert await ids_of(store, "b") == []
+        again = await add(store, trajectory("a", (1,)), request_id="r1", now=NOW + 2)
+        assert again == dataclasses.replace(first, replayed=True)
+        after_ttl = await add(store, trajectory("b", (5,)), request_id="r1", now=NOW + 60)
+        assert after_ttl == AddResult(1, 0, 0)
 
     run(make_store, scenario)
 

@@ -101,6 +101,17 @@ def completion_digest(completion_token_ids: bytes) -> str:
     return hashlib.blake2b(completion_token_ids, digest_size=DIGEST_BYTES).hexdigest()
 
 
+def request_digest(searcher_id: str, lease_id: str, trajectories: Sequence[Trajectory]) -> str:
+    """Identifies what an AddTrajectories request carries, as the client sent it, so that a
+    request id reused for another batch is told from a retry (128 bits, hex)."""
+    digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    parts = [searcher_id.encode(), lease_id.encode(), *map(encode_trajectory, trajectories)]
+    for part in parts:  # length-prefixed, so that no two requests share a byte stream
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
 def to_ms(time_s: float) -> int:
     """Store time: integer milliseconds, so both stores order and compare times alike."""
     return math.floor(time_s * 1000)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sortedcontainers import SortedList
 
 from tba.buffer import codec
-from tba.buffer.store import Candidate, StoreCounters, StoreLimits
+from tba.buffer.store import Candidate, StoreCounters, StoreLimits, reused_request_id
 from tba.domain import (
     AddResult,
     Lease,
@@ -166,6 +166,15 @@ class _Trajectories:
             self.ranked.remove(t.prompt_id)
 
 
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """What an AddTrajectories request id is remembered with, until `expires_ms`."""
+
+    expires_ms: int
+    result: AddResult
+    digest: str
+
+
 class MemoryStore:
     """`BufferStore` in process memory; nothing survives the process."""
 
@@ -175,7 +184,7 @@ class MemoryStore:
         self._next_prompt = 0
         self._pool = _Pool()
         self._store = _Trajectories(limits)
-        self._requests: dict[str, tuple[int, AddResult]] = {}
+        self._requests: dict[str, _Request] = {}
         self._request_expiries: list[tuple[int, str]] = []  # heap, to forget old ids
         self._seen_s: dict[str, float] = {}
         self._added: dict[str, int] = {}
@@ -223,12 +232,15 @@ class MemoryStore:
         lease_id: str,
         trajectories: Sequence[Trajectory],
         now_s: float,
+        digest: str,
     ) -> AddResult:
         now_ms = codec.to_ms(now_s)
         self._forget_requests(now_ms)
         seen = self._requests.get(request_id)
-        if seen is not None and now_ms < seen[0]:
-            return dataclasses.replace(seen[1], replayed=True)
+        if seen is not None and now_ms < seen.expires_ms:
+            if seen.digest != digest:
+                raise FailedPreconditionError(reused_request_id(request_id))
+            return dataclasses.replace(seen.result, replayed=True)
         replaced = evicted = 0
         for t in trajectories:
             r, e = self._store.add(t)
@@ -240,7 +252,7 @@ class MemoryStore:
         self._added_total += len(trajectories)
         self._evicted_total += evicted
         expires_ms = codec.to_ms(now_s + self._limits.request_id_ttl_s)
-        self._requests[request_id] = (expires_ms, result)
+        self._requests[request_id] = _Request(expires_ms, result, digest)
         heapq.heappush(self._request_expiries, (expires_ms, request_id))
         if lease_id:
             self._pool.acknowledge(lease_id, now_ms)
@@ -249,7 +261,8 @@ class MemoryStore:
     def _forget_requests(self, now_ms: int) -> None:
         while self._request_expiries and self._request_expiries[0][0] <= now_ms:
             expires_ms, request_id = heapq.heappop(self._request_expiries)
-            if self._requests.get(request_id, (None,))[0] == expires_ms:
+            seen = self._requests.get(request_id)
+            if seen is not None and seen.expires_ms == expires_ms:
                 del self._requests[request_id]
 
     async def recent_prompt_ids(self, window: int) -> list[str]:

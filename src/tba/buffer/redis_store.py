@@ -25,7 +25,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tba.buffer import codec
 from tba.buffer.access import redact_url
-from tba.buffer.store import Candidate, StoreCounters, StoreLimits
+from tba.buffer.store import Candidate, StoreCounters, StoreLimits, reused_request_id
 from tba.domain import (
     AddResult,
     Lease,
@@ -45,6 +45,8 @@ SCRIPTS = (
     "candidates",
     "announce_weights",
 )
+# add_trajectories.lua's status: stored (0), replayed, or the request id kept with another digest.
+_REPLAYED, _OTHER_DIGEST = 1, 2
 # Expired leases and request ids forgotten per call; each call adds at most one.
 FORGET_PER_CALL = 8
 DEFAULT_TIMEOUT_S = 10.0
@@ -128,19 +130,22 @@ class RedisStore:
         lease_id: str,
         trajectories: Sequence[Trajectory],
         now_s: float,
+        digest: str,
     ) -> AddResult:
         limits = self._limits
         args: list[Any] = [request_id, searcher_id, lease_id, codec.to_ms(now_s), repr(now_s)]
         args += [codec.to_ms(now_s + limits.request_id_ttl_s), int(limits.dedup)]
-        args += [limits.prompt_history, limits.capacity, FORGET_PER_CALL]
+        args += [limits.prompt_history, limits.capacity, FORGET_PER_CALL, digest]
         edges = limits.reward_histogram_edges
         for t in trajectories:
-            digest = codec.completion_digest(t.completion_token_ids)
+            completion = codec.completion_digest(t.completion_token_ids)
             meta = f"{t.policy_version} {codec.reward_bin(edges, t.reward)} {t.reward!r}"
-            args += [codec.encode_trajectory(t), f"{meta} {digest} {t.prompt_id}"]
-        replayed, result = await self._run("add_trajectories", args)
-        accepted, replaced, evicted = (int(n) for n in result.split())
-        return AddResult(accepted, replaced, evicted, replayed=bool(replayed))
+            args += [codec.encode_trajectory(t), f"{meta} {completion} {t.prompt_id}"]
+        status, result = await self._run("add_trajectories", args)
+        if status == _OTHER_DIGEST:
+            raise FailedPreconditionError(reused_request_id(request_id))
+        accepted, replaced, evicted = (int(n) for n in result.split()[:3])
+        return AddResult(accepted, replaced, evicted, replayed=status == _REPLAYED)
 
     async def recent_prompt_ids(self, window: int) -> list[str]:
         with _unavailable_on_connection_error(self._url):

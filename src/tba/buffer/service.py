@@ -4,12 +4,13 @@ keeps rates. Transports (gRPC servicer, REST handlers) only translate and delega
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tba.buffer import sampling, validation
+from tba.buffer import codec, sampling, validation
 from tba.buffer.config import BufferSettings
 from tba.buffer.store import BufferStore
 from tba.domain import (
@@ -82,18 +83,22 @@ class BufferService:
         lease_id: str,
         trajectories: Sequence[Trajectory],
     ) -> AddResult:
+        """Stores the batch once per `request_id`: a retry of the same batch gets the first
+        result (`replayed`); the id reused for another batch is FailedPreconditionError."""
         validation.check_add(request_id, searcher_id, lease_id, trajectories, self.settings)
+        digest = codec.request_digest(searcher_id, lease_id, trajectories)
         prompt_ids = {t.prompt_id for t in trajectories}
         known = await self.store.get_prompts(sorted(prompt_ids))
         unknown = sorted(prompt_ids - known.keys())
         if unknown:
             raise InvalidArgumentError(f"unknown prompt ids: {', '.join(unknown[:10])}")
         now_s = self._clock()
-        for t in trajectories:
-            t.searcher_id = searcher_id
-            t.created_at_s = t.created_at_s or now_s
+        stamped = [
+            dataclasses.replace(t, searcher_id=searcher_id, created_at_s=t.created_at_s or now_s)
+            for t in trajectories
+        ]
         result = await self.store.add_trajectories(
-            request_id, searcher_id, lease_id, trajectories, now_s
+            request_id, searcher_id, lease_id, stamped, now_s, digest
         )
         if not result.replayed:
             self._adds.add(result.accepted)
@@ -207,3 +212,7 @@ class BufferService:
 
     async def latest_weights(self) -> WeightVersion | None:
         return await self.store.latest_weights()
+
+    async def check_store(self) -> None:
+        """Returns once the store has answered a read; UnavailableError while it cannot."""
+        await self.store.latest_weights()

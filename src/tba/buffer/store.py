@@ -57,6 +57,14 @@ class StoreCounters:
     evicted_total: int
 
 
+def reused_request_id(request_id: str) -> str:
+    """Both stores' message for a request id reused for another batch."""
+    return (
+        f"request id {request_id!r} was already used for a different batch: a retry must "
+        "resend the same batch, and a new batch needs a new request id"
+    )
+
+
 class BufferStore(Protocol):
     async def put_prompts(self, prompts: Sequence[Prompt]) -> PutPromptsResult:
         """Adds prompts to the pool; an empty id gets a new one, an existing id is kept as is."""
@@ -80,9 +88,14 @@ class BufferStore(Protocol):
         lease_id: str,
         trajectories: Sequence[Trajectory],
         now_s: float,
+        digest: str,
     ) -> AddResult:
         """Atomically stores validated trajectories of existing prompts, enforcing dedup,
-        per-prompt history and capacity; a repeated `request_id` returns the first result."""
+        per-prompt history and capacity. `digest` identifies the request's content
+        (`codec.request_digest`) and is kept with `request_id`: a repeated id with the same
+        digest returns the first result, with another one raises FailedPreconditionError
+        and changes nothing. An id kept without a digest (stored before digests were)
+        returns its first result whatever the digest."""
         ...
 
     async def recent_prompt_ids(self, window: int) -> list[str]:

@@ -91,8 +91,9 @@ class ReplayBufferServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AddTrajectories(self, request, context):
-        """Stores scored completions. Idempotent by `request_id`: a retry returns the first result
-        and stores nothing twice. Acknowledges `lease_id` when given.
+        """Stores scored completions. Idempotent by `request_id`: a retry (the same batch) returns
+        the first result and stores nothing twice; the id reused for another batch within its
+        lifetime is FAILED_PRECONDITION. Acknowledges `lease_id` when given.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,11 +1,15 @@
 -- ARGV: request_id, searcher_id, lease_id, now_ms, now_s, request_expires_ms, dedup (0/1),
--- prompt_history, capacity, forget_limit, then (blob, meta) per trajectory, where meta is
--- "version bin reward digest prompt_id". Returns {replayed (0/1), "accepted replaced evicted"}.
--- Mirrors MemoryStore.add_trajectories step for step.
+-- prompt_history, capacity, forget_limit, request_digest, then (blob, meta) per trajectory,
+-- where meta is "version bin reward digest prompt_id". Returns {status, first result}: status
+-- 0 stored, 1 replayed, 2 the request id is kept with another digest (nothing stored). A
+-- result is "accepted replaced evicted request_digest"; ids kept before digests were have no
+-- digest and replay whatever comes. Mirrors MemoryStore.add_trajectories step for step.
 local request_id, searcher_id, lease_id = ARGV[1], ARGV[2], ARGV[3]
 local now_ms = ARGV[4]
 local dedup = ARGV[7] == '1'
 local history_cap, capacity = tonumber(ARGV[8]), tonumber(ARGV[9])
+local request_digest = ARGV[11]
+local first_pair = 12
 
 local expired = redis.call('ZRANGEBYSCORE', key('req_exp'), '-inf', now_ms, 'LIMIT', 0, ARGV[10])
 for _, old in ipairs(expired) do
@@ -14,7 +18,12 @@ for _, old in ipairs(expired) do
 end
 local seen_until = redis.call('ZSCORE', key('req_exp'), request_id)
 if seen_until and tonumber(now_ms) < tonumber(seen_until) then
-  return {1, redis.call('HGET', key('req'), request_id)}
+  local first = redis.call('HGET', key('req'), request_id)
+  local kept_digest = string.match(first, '^%S+ %S+ %S+ (%S+)$')
+  if kept_digest and kept_digest ~= request_digest then
+    return {2, first}
+  end
+  return {1, first}
 end
 
 local reward_sum = tonumber(redis.call('HGET', key('state'), 'reward_sum') or '0')
@@ -92,8 +101,8 @@ local function add(blob, meta)
   end
 end
 
-local count = (#ARGV - 10) / 2
-for i = 11, #ARGV, 2 do
+local count = (#ARGV - first_pair + 1) / 2
+for i = first_pair, #ARGV, 2 do
   add(ARGV[i], ARGV[i + 1])
 end
 redis.call('HSET', key('state'), 'reward_sum', string.format('%.17g', reward_sum))
@@ -102,7 +111,7 @@ redis.call('HINCRBY', key('state'), 'evicted_total', evicted)
 redis.call('HINCRBY', key('added'), searcher_id, count)
 redis.call('HSET', key('seen'), searcher_id, ARGV[5])
 local result = int(count) .. ' ' .. int(replaced) .. ' ' .. int(evicted)
-redis.call('HSET', key('req'), request_id, result)
+redis.call('HSET', key('req'), request_id, result .. ' ' .. request_digest)
 redis.call('ZADD', key('req_exp'), ARGV[6], request_id)
 if lease_id ~= '' then
   release_lease(lease_id, now_ms)
