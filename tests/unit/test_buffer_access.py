@@ -81,7 +81,7 @@ def test_tls_files_come_as_a_pair(tmp_path):
 def _app(token: SecretStr | None) -> TestClient:
     settings = BufferSettings(auth_token=token)
     service = BufferService(MemoryStore(store_limits(settings)), settings)
-    return TestClient(create_app(service, settings.max_message_bytes, token))
+    return TestClient(create_app(service))
 
 
 def test_every_rest_route_that_writes_needs_the_token():

@@ -80,6 +80,35 @@ class BufferSettings(Section):
     rate_window_s: float = Field(
         30.0, gt=0, description="Window over which adds/s and samples/s are measured."
     )
+    http_header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="Time a REST client has to send a request line and headers, counted "
+        "from the connection or from the previous response; then the connection is closed.",
+    )
+    http_body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Time a REST client has to send a whole request body once its headers "
+        "are in (then 408 and the connection is closed), and the longest the rest of a "
+        "refused body is read and discarded.",
+    )
+    http_max_connections: int = Field(
+        512,
+        ge=1,
+        le=100_000,
+        description="Most REST connections served at once; a request on one more gets 503 "
+        "and its connection is closed.",
+    )
+    store_check_interval_s: float = Field(
+        1.0,
+        gt=0,
+        le=60,
+        description="How often the service checks that the store answers; gRPC health of "
+        "`tba.v1.ReplayBuffer` (readiness) says NOT_SERVING while it does not.",
+    )
     auth_token: SecretStr | None = Field(
         None,
         min_length=16,

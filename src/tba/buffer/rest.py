@@ -1,12 +1,15 @@
 """REST API of the buffer service for people (FastAPI): submit prompts, inspect stats and
-weight versions, health, Prometheus metrics, OpenAPI docs at /docs. The only HTTP module.
-Handlers translate and delegate to BufferService; domain errors become statuses here.
-With a token set, every write needs `Authorization: Bearer TOKEN`; reads stay open."""
+weight versions, health, Prometheus metrics, OpenAPI docs at /docs. Handlers translate and
+delegate to BufferService; domain errors become statuses here. With a token set, every write
+needs `Authorization: Bearer TOKEN`; reads stay open. `tba.buffer.http_guard` stands in front:
+it checks the token before a body is read and bounds the body's size and time."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+from collections.abc import Callable, Coroutine
 from importlib import resources
 from typing import Any
 
@@ -14,14 +17,17 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, Field, SecretStr
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPBearer
+from pydantic import BaseModel, Field
 
 from tba import errors
 from tba.buffer import metrics
 from tba.buffer.access import bearer_authorizes
+from tba.buffer.config import BufferSettings
+from tba.buffer.http_guard import RequestGuard
 from tba.buffer.service import BufferService
+from tba.buffer.validation import MAX_ID_CHARS
 from tba.domain import BufferStats, Prompt
 
 _STATUS: dict[type[errors.TbaError], int] = {
@@ -34,6 +40,9 @@ _STATUS: dict[type[errors.TbaError], int] = {
 }
 # How a client answers a 401 (RFC 6750).
 _CHALLENGE = {401: {"WWW-Authenticate": "Bearer"}}
+# The id rule of `validation.check_id` as far as a JSON Schema pattern (no Unicode classes)
+# can say it: no whitespace, no C0 or C1 control character.
+ID_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f]*$"
 
 
 class AsciiJSONResponse(JSONResponse):
@@ -42,6 +51,58 @@ class AsciiJSONResponse(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return json.dumps(content, allow_nan=False, separators=(",", ":")).encode()
+
+
+def error_response(exc: errors.TbaError) -> JSONResponse:
+    """The one mapping of domain errors to HTTP statuses and bodies."""
+    status = next((s for cls, s in _STATUS.items() if isinstance(exc, cls)), 500)
+    headers = _CHALLENGE.get(status)
+    return AsciiJSONResponse({"detail": str(exc)}, status_code=status, headers=headers)
+
+
+class _NonFinite(Exception):
+    """A number JSON cannot carry, met while parsing."""
+
+
+def _finite_number(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise _NonFinite(literal)
+    return value
+
+
+def _no_constant(literal: str) -> Any:
+    raise _NonFinite(literal)
+
+
+def finite_json(body: bytes) -> Any:
+    """`body` parsed as RFC 8259 JSON: the json module also takes NaN, Infinity, -Infinity and
+    numbers beyond a double (as inf), which no field here can hold and no reply can echo."""
+    try:
+        return json.loads(body, parse_constant=_no_constant, parse_float=_finite_number)
+    except _NonFinite as exc:
+        message = f"{exc} is not a finite number; JSON numbers must be finite"
+        raise json.JSONDecodeError(message, body.decode("utf-8", "replace"), 0) from exc
+
+
+class FiniteJSONRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = finite_json(await self.body())
+        return self._json
+
+
+class FiniteJSONRoute(APIRoute):
+    """Routes whose JSON bodies are parsed by `finite_json`: FastAPI answers its
+    JSONDecodeError with 422 and the message."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def finite_json_handler(request: Request) -> Response:
+            return await handler(FiniteJSONRequest(request.scope, request.receive))
+
+        return finite_json_handler
 
 
 class ErrorOut(BaseModel):
@@ -53,6 +114,7 @@ class ErrorOut(BaseModel):
 _ERROR_MEANING = {
     400: "The body is not JSON.",
     401: "No bearer token, or not the buffer's.",
+    408: "The body did not arrive within the buffer's http_body_timeout_s.",
     413: "The body or a field is larger than the buffer accepts.",
     422: "The request breaks the schema or the buffer's rules; nothing was changed.",
     503: "The store cannot be reached; retry later.",
@@ -65,9 +127,20 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 class PromptIn(BaseModel):
-    text: str = Field(min_length=1, description="The prompt as the task formats it.")
+    # The patterns only state in the schema what the service checks, with its own messages.
+    text: str = Field(
+        min_length=1,
+        json_schema_extra={"pattern": r"\S"},
+        description="The prompt as the task formats it; not only whitespace.",
+    )
     answer: str = Field("", description="Gold answer the task's reward compares against.")
-    id: str = Field("", max_length=128, description="Optional id; existing ids are kept.")
+    id: str = Field(
+        "",
+        max_length=MAX_ID_CHARS,
+        json_schema_extra={"pattern": ID_PATTERN},
+        description="Optional id, without spaces or control characters (Unicode categories "
+        "Z and C); existing ids are kept.",
+    )
 
 
 class PutPromptsIn(BaseModel):
@@ -126,87 +199,75 @@ def stats_out(s: BufferStats) -> StatsOut:
     )
 
 
-class BodyLimit:
-    """Refuses request bodies over `max_bytes` with 413 before the app reads them."""
+def _configured_schema(app: FastAPI, settings: BufferSettings) -> Callable[[], dict[str, Any]]:
+    """`app.openapi` with this server's limits on prompts, which the models cannot know."""
+    generate = app.openapi
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
+    def openapi() -> dict[str, Any]:
+        schema = generate()
+        models = schema["components"]["schemas"]
+        models["PutPromptsIn"]["properties"]["prompts"]["maxItems"] = settings.max_prompts_per_call
+        for field in ("text", "answer"):
+            models["PromptIn"]["properties"][field]["maxLength"] = settings.max_text_chars
+        return schema
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and int(declared) > self.max_bytes:
-            await _too_large(self.max_bytes)(scope, receive, send)
-            return
-        received = 0
-
-        async def counting_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.max_bytes:
-                raise errors.ResourceExhaustedError(f"request body over {self.max_bytes} bytes")
-            return message
-
-        await self.app(scope, counting_receive, send)
+    return openapi
 
 
-def _too_large(max_bytes: int) -> JSONResponse:
-    return JSONResponse({"detail": f"request body over {max_bytes} bytes"}, status_code=413)
-
-
-def writer_check(token: SecretStr | None) -> Any:
-    """The dependency of every write route: refuses a request without `token`."""
-    bearer = HTTPBearer(auto_error=False, description="The buffer's auth_token.")
-
-    async def require_token(
-        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
-    ) -> None:
-        if token is None:
-            return
-        header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
-        if not bearer_authorizes(header, token):
-            raise errors.UnauthenticatedError(
-                "writes need `Authorization: Bearer TOKEN` with the buffer's auth_token"
-            )
-
-    return Depends(require_token)
-
-
-def create_app(
-    service: BufferService, max_body_bytes: int, auth_token: SecretStr | None = None
-) -> FastAPI:
+def create_app(service: BufferService) -> FastAPI:
+    """The REST app, behind its RequestGuard, with the service's settings (token, limits)."""
+    settings = service.settings
     app = FastAPI(
         title="TBA replay buffer",
         version="1",
         description="Submit prompts, inspect the replay buffer and the weight versions.",
     )
-    writer = [writer_check(auth_token)]
+    app.router.route_class = FiniteJSONRoute
+    _add_error_handlers(app)
+    _add_write_routes(app, service)
+    _add_read_routes(app, service)
+    _add_health_routes(app, service)
+    app.openapi = _configured_schema(app, settings)  # type: ignore[method-assign]
+    token = settings.auth_token
+    app.add_middleware(
+        RequestGuard,
+        max_body_bytes=settings.max_message_bytes,
+        body_timeout_s=settings.http_body_timeout_s,
+        authorizes=None if token is None else lambda header: bearer_authorizes(header, token),
+        refuse=error_response,
+    )
+    return app
 
+
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(errors.TbaError)
     async def _domain_error(request: Request, exc: errors.TbaError) -> JSONResponse:
-        status = next((s for cls, s in _STATUS.items() if isinstance(exc, cls)), 500)
-        headers = _CHALLENGE.get(status)
-        return AsciiJSONResponse({"detail": str(exc)}, status_code=status, headers=headers)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _schema_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return AsciiJSONResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
 
+
+def _add_write_routes(app: FastAPI, service: BufferService) -> None:
+    guarded = service.settings.auth_token is not None
+    # Declares the bearer scheme in OpenAPI when there is a token; RequestGuard checks it,
+    # before the body is read, which a FastAPI dependency cannot do.
+    bearer = HTTPBearer(auto_error=False, description="The buffer's auth_token.")
+
     @app.post(
         "/v1/prompts",
         response_model=PutPromptsOut,
-        dependencies=writer,
-        responses=_errors(400, 401, 413, 422, 503),
+        dependencies=[Depends(bearer)] if guarded else [],
+        responses=_errors(400, *([401] if guarded else []), 408, 413, 422, 503),
     )
     async def put_prompts(body: PutPromptsIn) -> PutPromptsOut:
         prompts = [Prompt(id=p.id, text=p.text, answer=p.answer) for p in body.prompts]
         result = await service.put_prompts(prompts)
         return PutPromptsOut(prompt_ids=result.prompt_ids, created=result.created)
 
+
+def _add_read_routes(app: FastAPI, service: BufferService) -> None:
     @app.get("/v1/stats", response_model=StatsOut, responses=_errors(503))
     async def get_stats() -> StatsOut:
         return stats_out(await service.stats())
@@ -224,14 +285,19 @@ def create_app(
     async def get_dashboard() -> HTMLResponse:
         return HTMLResponse(dashboard)
 
-    @app.get("/healthz", responses=_errors(503))
-    async def healthz() -> dict[str, str]:
-        await service.latest_weights()  # reaches the store: unhealthy when it is down
-        return {"status": "ok"}
-
     @app.get("/metrics", response_class=PlainTextResponse, responses=_errors(503))
     async def get_metrics() -> Response:
         return Response(metrics.render(await service.stats()), media_type=metrics.CONTENT_TYPE)
 
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
-    return app
+
+def _add_health_routes(app: FastAPI, service: BufferService) -> None:
+    @app.get("/healthz", responses=_errors(503))
+    async def healthz() -> dict[str, str]:
+        """Readiness: 503 while the store cannot be reached."""
+        await service.check_store()
+        return {"status": "ok"}
+
+    @app.get("/livez")
+    async def livez() -> dict[str, str]:
+        """Liveness: the process serves, whatever the state of the store."""
+        return {"status": "ok"}

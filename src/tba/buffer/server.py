@@ -13,6 +13,7 @@ import uvicorn
 
 from tba.buffer.access import NO_TOKEN_WARNING
 from tba.buffer.config import BufferSettings
+from tba.buffer.http_guard import deadline_protocol
 from tba.buffer.rest import create_app
 from tba.buffer.service import BufferService
 from tba.buffer.store import StoreLimits
@@ -33,12 +34,28 @@ def store_limits(settings: BufferSettings) -> StoreLimits:
     )
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind_tcp(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose protocol
+    # says TCP, and without it Nagle and delayed ACK add 40 ms to each kept-alive request.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     return sock
+
+
+def http_server(service: BufferService) -> uvicorn.Server:
+    """uvicorn with the REST app, deadlines on slow clients and a cap on connections."""
+    settings = service.settings
+    config = uvicorn.Config(
+        create_app(service),
+        log_level="warning",
+        lifespan="off",
+        http=deadline_protocol(settings.http_header_timeout_s, settings.http_body_timeout_s),
+        # uvicorn counts the new connection too: one more serves exactly the maximum.
+        limit_concurrency=settings.http_max_connections + 1,
+    )
+    return uvicorn.Server(config)
 
 
 async def serve(
@@ -49,27 +66,26 @@ async def serve(
         log.warning(NO_TOKEN_WARNING)
     store = open_store(settings.store, settings.key_prefix, store_limits(settings))
     service = BufferService(store, settings)
-    grpc_server, grpc_port = await start_grpc_server(service, settings)
-    http_socket = _bind(settings.http_host, settings.http_port)
+    grpc_server = await start_grpc_server(service, settings)
+    http_socket = bind_tcp(settings.http_host, settings.http_port)
     http_port = http_socket.getsockname()[1]
-    app = create_app(service, settings.max_message_bytes, settings.auth_token)
-    http_server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    http_task = asyncio.create_task(http_server.serve(sockets=[http_socket]))
+    http = http_server(service)
+    http_task = asyncio.create_task(http.serve(sockets=[http_socket]))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    while not http_server.started and not http_task.done():
+    while not http.started and not http_task.done():
         await asyncio.sleep(0.01)
     if on_ready is not None:
-        on_ready(grpc_port, http_port)
+        on_ready(grpc_server.port, http_port)
     try:
         await asyncio.wait(
             [asyncio.create_task(stop.wait()), http_task], return_when=asyncio.FIRST_COMPLETED
         )
     finally:
         log.info("buffer service stopping")
-        http_server.should_exit = True
+        http.should_exit = True
         await grpc_server.stop(_GRACE_S)
         await http_task
         await store.close()

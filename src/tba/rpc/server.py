@@ -1,10 +1,12 @@
 """The gRPC server of the buffer service: `tba.v1.ReplayBuffer` (grpc.aio), the standard
-health service and reflection; optionally TLS and a bearer token (`tba.rpc.auth`). Servicer
-methods translate and delegate to BufferService; domain errors become status codes through
-`tba.rpc.status`, and a request that does not decode becomes INVALID_ARGUMENT."""
+health service (readiness that follows the store, liveness) and reflection; optionally TLS
+and a bearer token (`tba.rpc.auth`). Servicer methods translate and delegate to
+BufferService; domain errors become status codes through `tba.rpc.status`, and a request that
+does not decode becomes INVALID_ARGUMENT."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -31,6 +33,10 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 SERVICE = pb.DESCRIPTOR.services_by_name["ReplayBuffer"]
 SERVICE_NAME = SERVICE.full_name
+# The gRPC health service names probes ask: readiness (can the buffer serve calls: is its
+# store reachable?) and liveness (is the process serving at all?; "" is the whole server).
+READINESS = SERVICE_NAME
+LIVENESS = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,21 +143,80 @@ def _server_credentials(settings: BufferSettings) -> grpc.ServerCredentials | No
     return grpc.ssl_server_credentials([pair])
 
 
-async def start_grpc_server(
-    service: BufferService, settings: BufferSettings
-) -> tuple[grpc.aio.Server, int]:
-    """Starts serving; returns the server and the bound port (useful when `grpc_port` is 0)."""
+class StoreReadiness:
+    """Keeps the health of READINESS on the store: SERVING while it answers a read, checked
+    every `interval_s`, NOT_SERVING while it does not. LIVENESS stays SERVING meanwhile: a
+    store outage is no reason to restart the buffer, which reconnects by itself."""
+
+    def __init__(
+        self, service: BufferService, health: health_aio.HealthServicer, interval_s: float
+    ) -> None:
+        self._service = service
+        self._health = health
+        self._interval_s = interval_s
+        self._serving: bool | None = None
+
+    async def check(self) -> None:
+        try:
+            await self._service.check_store()
+        except Exception as exc:  # whatever the store raises, it does not serve now
+            await self._set(False, str(exc))
+        else:
+            await self._set(True, "")
+
+    async def _set(self, serving: bool, problem: str) -> None:
+        if serving == self._serving:
+            return
+        if not serving:
+            log.warning("store unavailable, readiness NOT_SERVING: %s", problem)
+        elif self._serving is not None:
+            log.info("store reachable again, readiness SERVING")
+        self._serving = serving
+        statuses = health_pb2.HealthCheckResponse
+        await self._health.set(READINESS, statuses.SERVING if serving else statuses.NOT_SERVING)
+
+    async def follow(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            await self.check()
+
+
+@dataclass
+class GrpcServer:
+    server: grpc.aio.Server
+    port: int
+    health: health_aio.HealthServicer
+    readiness: asyncio.Task[None]
+
+    async def stop(self, grace_s: float) -> None:
+        """Says NOT_SERVING to every probe, then lets calls in flight finish."""
+        await self.health.enter_graceful_shutdown()
+        self.readiness.cancel()
+        await self.server.stop(grace_s)
+
+
+async def start_grpc_server(service: BufferService, settings: BufferSettings) -> GrpcServer:
+    """Starts serving (`port` is the bound one, useful when `grpc_port` is 0), with health
+    and reflection; READINESS follows the store from its first check on."""
     token = settings.auth_token
     server = grpc.aio.server(
         options=channel_options(settings.max_message_bytes),
         interceptors=[TokenInterceptor(token)] if token is not None else [],
     )
     server.add_generic_rpc_handlers((_replay_buffer_handler(ReplayBufferServicer(service)),))
-    health_servicer = health_aio.HealthServicer()
+    health_servicer = health_aio.HealthServicer()  # LIVENESS starts SERVING
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
+    port = _add_port(server, settings)
+    await server.start()
+    readiness = StoreReadiness(service, health_servicer, settings.store_check_interval_s)
+    await readiness.check()
+    return GrpcServer(server, port, health_servicer, asyncio.create_task(readiness.follow()))
+
+
+def _add_port(server: grpc.aio.Server, settings: BufferSettings) -> int:
     address = f"{settings.grpc_host}:{settings.grpc_port}"
     credentials = _server_credentials(settings)
     if credentials is None:
@@ -160,7 +225,4 @@ async def start_grpc_server(
         bound_port = server.add_secure_port(address, credentials)
     if bound_port == 0:
         raise OSError(f"cannot bind gRPC server to {address}")
-    await server.start()
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, bound_port
+    return bound_port
