@@ -1,9 +1,11 @@
 """Container health check of the buffer service: asks the standard gRPC health service whether
-`tba.v1.ReplayBuffer` is SERVING. Exits 0 when it is, 1 otherwise.
+`tba.v1.ReplayBuffer` is SERVING, the buffer's readiness (NOT_SERVING while its store cannot
+be reached). Exits 0 when it is, 1 otherwise.
 
-Docker's HEALTHCHECK (and so docker-compose) has no gRPC probe of its own; Kubernetes does,
-and uses that instead. Usage: `python healthcheck.py [HOST:PORT]`; the default address is
-127.0.0.1 and the port in TBA_BUFFER__GRPC_PORT (50051).
+Docker's HEALTHCHECK (and so docker-compose, whose trainer and searchers wait for it) has no
+gRPC probe of its own; Kubernetes does, and uses that instead, with liveness apart. Usage:
+`python healthcheck.py [HOST:PORT]`; the default address is 127.0.0.1 and the port in
+TBA_BUFFER__GRPC_PORT (50051).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tba.rpc.server import READINESS
 from tests.fixtures.deploy_settings import (
     check_tba_env,
     command_of,
@@ -141,6 +143,18 @@ def test_compose_start_order_waits_on_health_checks(compose: Compose, profile: s
         if command_of(service.get("command") or []) not in (None, ("buffer", "serve")):
             assert service["depends_on"]["buffer"]["condition"] == "service_healthy", name
     assert services["buffer"]["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+def test_compose_buffer_health_is_its_readiness(compose: Compose) -> None:
+    """Dependants start once the buffer can reach Redis, not merely once it runs."""
+    buffer = compose.config("gpu")["services"]["buffer"]
+    assert buffer["healthcheck"]["test"] == ["CMD", "python", "/opt/tba/healthcheck.py"]
+    assert (
+        "COPY services/buffer/healthcheck.py /opt/tba/healthcheck.py"
+        in (ROOT / "services/buffer/Dockerfile").read_text()
+    )
+    script = runpy.run_path(str(ROOT / "services/buffer/healthcheck.py"))
+    assert script["SERVICE"] == READINESS
 
 
 def test_compose_redis_keeps_an_append_only_file_on_a_volume(compose: Compose) -> None:

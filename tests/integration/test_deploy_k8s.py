@@ -1,7 +1,8 @@
 """Offline checks of the Kubernetes manifests with the real tools: every overlay rendered by
 `kubectl kustomize` and validated by `kubernetes-validate --strict`; then, on the rendered
 objects, the TBA_* variables of every container (ConfigMaps and Secrets resolved) against the
-settings of its command, the pods' lock-down and GPUs, the buffer's gRPC probes, and which
+settings of its command, the pods' lock-down and GPUs, the buffer's gRPC probes (readiness
+and liveness apart), and which
 pods the NetworkPolicies let reach Redis and the buffer.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tba.rpc.server import LIVENESS, READINESS
 from tests.fixtures.deploy_settings import check_tba_env, command_of, run_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,10 +160,14 @@ def test_cpu_demo_overlay_asks_for_no_gpu() -> None:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_buffer_has_grpc_health_probes(overlay: str) -> None:
+def test_buffer_probes_ask_readiness_and_liveness_apart(overlay: str) -> None:
+    """Readiness follows the store; startup and liveness only the process (a Redis outage
+    must take the pod out of the Service, not restart it)."""
     (buffer,) = pods_by_app(overlay)["buffer"]["spec"]["containers"]
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert buffer[probe]["grpc"] == {"port": 50051, "service": "tba.v1.ReplayBuffer"}
+    assert buffer["readinessProbe"]["grpc"] == {"port": 50051, "service": READINESS}
+    for probe in ("startupProbe", "livenessProbe"):
+        grpc = buffer[probe]["grpc"]
+        assert grpc["port"] == 50051 and grpc.get("service", "") == LIVENESS, probe
 
 
 # NetworkPolicy semantics, for the subset these files use: pod selectors by matchLabels in one
