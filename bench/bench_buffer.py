@@ -1,9 +1,11 @@
 """Buffer service throughput and latency at 10^4, 10^5 and 10^6 stored trajectories
 (256-token completions), beside a raw redis-py pipelined write of the same blobs on the same
-Redis in the same run.
+Redis in the same run; and the REST latency a dashboard or script sees on a kept-alive
+connection (embedded store).
 
 Targets: Sample p50 latency at the largest size within 2x of that at the smallest; ingest
-through the service (gRPC + validation + Lua) at least 30% of the raw pipelined write rate.
+through the service (gRPC + validation + Lua) at least 30% of the raw pipelined write rate;
+REST GET /v1/stats p50 under 5 ms (Nagle and delayed ACK added 40 ms to each request once).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
+import httpx
 import numpy as np
 import redis
 
@@ -34,6 +37,8 @@ PER_PROMPT = 50
 INGEST_THREADS = 2
 SAMPLE_CALLS = 200
 SPEC = SampleSpec(num_prompts=8, samples_per_prompt=20, recency_probability=0.5)
+REST_CALLS = 200
+REST_TARGET_MS = 5.0
 
 
 def _trajectories(prompt_ids: list[str], start: int, count: int) -> list[Trajectory]:
@@ -94,9 +99,38 @@ def sample_latencies_ms(client: BufferClient) -> list[float]:
     return latencies
 
 
+def rest_stats_p50_ms(http_url: str) -> float:
+    """p50 of REST_CALLS sequential GET /v1/stats on one kept-alive connection."""
+    latencies = []
+    with httpx.Client(base_url=http_url, timeout=10) as http:
+        for _ in range(REST_CALLS):
+            begin = time.perf_counter()
+            http.get("/v1/stats").raise_for_status()
+            latencies.append((time.perf_counter() - begin) * 1000)
+    return statistics.median(latencies)
+
+
+def rest_row(tmp: Path) -> Row:
+    service = BufferProcess([], tmp / "rest.log")  # the embedded store
+    try:
+        service.start()
+        p50 = rest_stats_p50_ms(service.http_url)
+    finally:
+        service.stop()
+    return Row(
+        NAME,
+        f"REST GET /v1/stats p50 ({REST_CALLS}, kept-alive, embedded store)",
+        p50,
+        "ms",
+        target=f"< {REST_TARGET_MS:g} ms",
+        passed=p50 < REST_TARGET_MS,
+    )
+
+
 def run(quick: bool = False) -> list[Row]:
     sizes = (2_000, 20_000) if quick else (10_000, 100_000, 1_000_000)
     with tempfile.TemporaryDirectory() as tmp:
+        rest = rest_row(Path(tmp))
         server = start_redis(Path(tmp) / "redis")
         service = BufferProcess(
             ["--store", server.url, "--set", f"buffer.capacity={sizes[-1]}"],
@@ -105,7 +139,7 @@ def run(quick: bool = False) -> list[Row]:
         try:
             raw = raw_write_rate(server.url, min(50_000, sizes[-1]))
             service.start()
-            return _measure(service.address, sizes, raw)
+            return [rest, *_measure(service.address, sizes, raw)]
         finally:
             service.stop()
             server.kill()

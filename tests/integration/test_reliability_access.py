@@ -27,6 +27,7 @@ from tests.fixtures.tls import self_signed
 
 TOKEN = "tba-test-token-0123456789abcdef"
 REDIS_PASSWORD = "redis-pw-9f8e7d6c5b4a"
+OPEN_PATHS = ("/v1/stats", "/v1/weights", "/healthz", "/livez", "/metrics", "/", "/openapi.json")
 
 
 def start_service(tmp_path: Path, *args: str, token: str | None = TOKEN) -> BufferProcess:
@@ -119,7 +120,7 @@ def test_rest_reads_stay_open_and_writes_work_with_the_token(guarded):
         headers = {"Authorization": f"Bearer {TOKEN}"}
         body = {"prompts": [{"text": "3+4=", "answer": "7"}]}
         assert http.post("/v1/prompts", json=body, headers=headers).status_code == 200
-        for path in ("/v1/stats", "/v1/weights", "/healthz", "/metrics", "/", "/openapi.json"):
+        for path in OPEN_PATHS:
             reply = http.get(path)
             assert reply.status_code == 200, path
             assert TOKEN not in reply.text, path

@@ -1,7 +1,8 @@
 """Faults on real processes: kill -9 of the buffer service or of redis-server (AOF, fsync
 always) while a client adds and another samples, and a searcher killed while it holds leases.
 Every acknowledged prompt and trajectory is found afterwards, the clients ride the outage out
-by themselves (retries with backoff), and leased prompts come back once their lease expires."""
+by themselves (retries with backoff), and leased prompts come back once their lease expires.
+While Redis is down the buffer's readiness says so and its liveness does not."""
 
 from __future__ import annotations
 
@@ -13,15 +14,22 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import grpc
+import httpx
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tba.buffer.config import BufferClientSettings
 from tba.domain import Prompt, SampleSpec, Trajectory, unpack_tokens
 from tba.rpc.client import BufferClient
+from tba.rpc.server import LIVENESS, READINESS
 from tests.fixtures.buffer_service import start_buffer
 from tests.fixtures.data import trajectory
+from tests.fixtures.deploy_settings import run_tool
 from tests.fixtures.redis_server import RedisServer
 
 BATCHES = 60  # one new prompt and its trajectories per batch
@@ -177,6 +185,60 @@ def _run_through_fault(
     assert writer.error is None, writer.error
     assert sampler.error is None, sampler.error
     return {"retries": retries.count, "samples": sampler.samples}
+
+
+HEALTHCHECK = Path(__file__).resolve().parents[2] / "services/buffer/healthcheck.py"
+CHECK_INTERVAL_S = 0.2
+
+
+def _health(address: str) -> tuple[str, str]:
+    """The gRPC health (readiness, liveness) of the buffer at `address`, as status names."""
+    names = health_pb2.HealthCheckResponse.ServingStatus.Name
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        readiness, liveness = (
+            names(stub.Check(health_pb2.HealthCheckRequest(service=s), timeout=5).status)
+            for s in (READINESS, LIVENESS)
+        )
+    return readiness, liveness
+
+
+def _seconds_until_ready_is(address: str, status: str) -> float:
+    begin = time.monotonic()
+    while _health(address)[0] != status:
+        assert time.monotonic() - begin < WAIT_S, f"readiness never became {status}"
+        time.sleep(0.05)
+    return time.monotonic() - begin
+
+
+def test_readiness_follows_the_store_and_liveness_stays(redis_server: RedisServer, tmp_path):
+    """While Redis is down: gRPC readiness NOT_SERVING (the container check fails with it,
+    /healthz 503), liveness SERVING (/livez 200); both SERVING once Redis is back."""
+    interval = f"buffer.store_check_interval_s={CHECK_INTERVAL_S}"
+    service = start_buffer(tmp_path, "--store", redis_server.url, "--set", interval)
+    container_check = [sys.executable, str(HEALTHCHECK), service.address]
+    try:
+        assert _health(service.address) == ("SERVING", "SERVING")
+        assert run_tool(container_check).returncode == 0
+        redis_server.kill()
+        down_s = _seconds_until_ready_is(service.address, "NOT_SERVING")
+        assert _health(service.address)[1] == "SERVING"
+        assert httpx.get(f"{service.http_url}/healthz", timeout=10).status_code == 503
+        assert httpx.get(f"{service.http_url}/livez", timeout=10).status_code == 200
+        check = run_tool(container_check)
+        assert check.returncode == 1 and "NOT_SERVING" in check.stderr
+        redis_server.start()
+        up_s = _seconds_until_ready_is(service.address, "SERVING")
+        assert run_tool(container_check).returncode == 0
+        assert httpx.get(f"{service.http_url}/healthz", timeout=10).status_code == 200
+        print(
+            f"\nstore outage: readiness NOT_SERVING {down_s:.2f} s after kill -9 of Redis, "
+            f"SERVING {up_s:.2f} s after its restart (checks every {CHECK_INTERVAL_S} s); "
+            "liveness SERVING throughout"
+        )
+    finally:
+        service.stop()
+    assert "readiness NOT_SERVING" in service.log_path.read_text()
 
 
 DEAD_SEARCHER = textwrap.dedent(
