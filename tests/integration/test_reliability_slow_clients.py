@@ -2,15 +2,15 @@
 that send nothing or their headers a byte at a time are closed after the header timeout, a
 body that stops coming gets 408, a write without the token is refused before its body is
 read (and the rest of it is not waited for beyond the body timeout), a chunked body over the
-limit gets 413, connections beyond the cap get 503, and kept-alive requests pay no Nagle
-delay."""
+limit gets 413, connections beyond the cap get 503, and accepted connections get
+TCP_NODELAY (the kept-alive latency it saves is a row of `python -m bench buffer`, not a timed
+assertion)."""
 
 from __future__ import annotations
 
 import asyncio
 import re
 import socket
-import statistics
 import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
@@ -27,8 +27,6 @@ HEADER_S = 2.0
 BODY_S = 2.0
 MAX_CONNECTIONS = 4
 SLACK_S = 5.0  # a loaded machine may answer late, never early
-KEPT_ALIVE_CALLS = 50
-NAGLE_FREE_MS = 20.0  # Nagle + delayed ACK cost 40 ms per request
 
 
 @pytest.fixture(scope="module")
@@ -170,18 +168,6 @@ def test_connections_beyond_the_cap_get_503(service):
             sock.close()
     time.sleep(0.2)
     assert httpx.get(f"{service.http_url}/v1/stats", timeout=10).status_code == 200
-
-
-def test_kept_alive_requests_pay_no_nagle_delay(service):
-    latencies = []
-    with httpx.Client(base_url=service.http_url, timeout=10) as http:
-        for _ in range(KEPT_ALIVE_CALLS):
-            begin = time.perf_counter()
-            http.get("/v1/stats").raise_for_status()
-            latencies.append((time.perf_counter() - begin) * 1000)
-    p50 = statistics.median(latencies)
-    print(f"\n{KEPT_ALIVE_CALLS} kept-alive GET /v1/stats: p50 {p50:.1f} ms")
-    assert p50 < NAGLE_FREE_MS
 
 
 def test_accepted_rest_connections_have_tcp_nodelay():
