@@ -31,8 +31,14 @@ class LocalSettings(Section):
     model: str | None = Field(
         None,
         max_length=4096,
-        description="A base model directory; unset: the task builds and pre-trains a tiny one "
-        "(`[bootstrap]`, arithmetic only).",
+        description="A base model directory; unset: the arithmetic demo's base (`base`).",
+    )
+    base: Literal["committed", "bootstrap"] = Field(
+        "committed",
+        description="Base of the arithmetic demo when `model` is unset. `committed`: the one "
+        "shipped with tba (sha256-checked), the same on every machine. `bootstrap`: pre-train "
+        "a tiny one here with `[bootstrap]` (cached in the run directory); where it lands "
+        "differs between CPUs, and so does how fast RL learns from it.",
     )
     eval_prompts: int = Field(
         500, ge=1, le=100_000, description="Held-out prompts scored greedily for accuracy."

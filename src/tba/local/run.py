@@ -51,8 +51,12 @@ class LocalRun:
 
     def run(self) -> None:
         import torch
+        from transformers.utils import logging as transformers_logging
 
         torch.set_num_threads(self.settings.local.threads_per_process)
+        # Every evaluation loads a version: its progress bar and warnings would bury the log.
+        transformers_logging.disable_progress_bar()
+        transformers_logging.set_verbosity_error()
         self._clear_previous_outputs()
         task = build_task(self.settings.task)
         base = self._base_model(task)
@@ -147,12 +151,21 @@ class LocalRun:
             )
 
     def _base_model(self, task: Task) -> Path:
-        if self.settings.local.model:
-            return Path(self.settings.local.model)
+        local = self.settings.local
+        if local.model:
+            return Path(local.model)
         if task.name != "arithmetic":
             raise SystemExit(
-                f"error: give --model for task {task.name!r} (only arithmetic bootstraps its own)"
+                f"error: give --model for task {task.name!r} (only arithmetic has a base)"
             )
+        if local.base == "committed":
+            if self.settings.bootstrap.model_fields_set:
+                raise SystemExit(
+                    'error: [bootstrap] settings apply only with local.base = "bootstrap"'
+                )
+            from tba.local.bases import DEMO_BASE, verified_base
+
+            return verified_base(DEMO_BASE)
         from tba.local.bootstrap import bootstrap_base_model
 
         print("pre-training the tiny base model (cached for later runs)...", flush=True)
