@@ -25,7 +25,7 @@ from schemathesis.config import SchemathesisConfig
 from tba.domain import pack_tokens
 from tba.rpc.server import SERVICE_NAME
 from tba.v1 import buffer_pb2 as pb
-from tests.fixtures.buffer_service import BufferProcess
+from tests.fixtures.buffer_service import BufferProcess, serve_with_a_clean_log
 from tests.fixtures.redis_server import RedisServer
 
 TOKEN = "tba-test-token-0123456789abcdef"
@@ -56,13 +56,8 @@ def service(
     for field in ("max_batch_trajectories", "max_prompts_per_call", "max_lease_prompts"):
         args += ["--set", f"buffer.{field}={MAX_PER_CALL}"]
     args += ["--set", f"buffer.max_message_bytes={MAX_MESSAGE_BYTES}"]
-    env = {"TBA_BUFFER__AUTH_TOKEN": TOKEN}
-    process = BufferProcess(args, tmp_path_factory.mktemp("buffer") / "buffer.log", env=env)
-    process.start()
-    yield process
-    process.stop()
-    log = process.log_path.read_text()
-    assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+    log_path = tmp_path_factory.mktemp("buffer") / "buffer.log"
+    yield from serve_with_a_clean_log(args, log_path, {"TBA_BUFFER__AUTH_TOKEN": TOKEN})
 
 
 @pytest.fixture(scope="module")
