@@ -124,7 +124,8 @@ def _bound_s(points: Points, accuracy: float) -> float:
 
 
 def base_rows(name: str, runs: dict[str, Points]) -> list[Row]:
-    rows = [Row("local", f"{name}: base held-out accuracy", runs[MODES[0]][0]["accuracy"], "")]
+    base = next(iter(runs.values()))[0]["accuracy"]
+    rows = [Row("local", f"{name}: base held-out accuracy", base, "")]
     for mode, points in runs.items():
         for level, accuracy in levels(points).items():
             point = first_reach(points, accuracy)
