@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from tba.runs import Run
+
 TOKEN_DTYPE = np.dtype("<u4")
 
 
@@ -141,6 +143,7 @@ class BufferStats:
     evicted_total: int
     adds_per_s: float = 0.0
     samples_per_s: float = 0.0
+    run: Run | None = None
 
     def staleness(self) -> dict[int, int]:
         """Trajectories per age, in versions behind the latest announced one."""

@@ -23,6 +23,7 @@ from tba.domain import (
     pack_tokens,
 )
 from tba.errors import FailedPreconditionError, InvalidArgumentError
+from tba.runs import Run, RunIdentity, RunRecipe
 from tests.fixtures.data import trajectory
 
 NOW = 1_700_000_000.0
@@ -72,10 +73,13 @@ async def add(
     lease_id: str = "",
     now: float = NOW,
     request_id: str = "",
+    run_id: str = "",
 ) -> AddResult:
     request_id = request_id or uuid.uuid4().hex
     digest = codec.request_digest("s1", lease_id, trajectories)
-    return await store.add_trajectories(request_id, "s1", lease_id, trajectories, now, digest)
+    return await store.add_trajectories(
+        request_id, "s1", lease_id, trajectories, now, digest, run_id
+    )
 
 
 async def ids_of(store: BufferStore, prompt_id: str) -> list[int]:
@@ -373,3 +377,37 @@ def test_weight_versions_only_move_forward(make_store: MakeStore) -> None:
 def test_open_store_knows_memory_and_redis_urls_only() -> None:
     with pytest.raises(InvalidArgumentError, match="unknown store"):
         open_store("postgres://db", "tba", limits())
+
+
+def a_run(run_id: str, task_name: str = "arithmetic") -> Run:
+    identity = RunIdentity("tiny", "sha256:" + "a" * 64, "b" * 64, task_name, "c" * 64, 1.0, 5)
+    return Run(run_id, identity, RunRecipe('{"name": "arithmetic"}', '{"source": "tiny"}', 3), NOW)
+
+
+def test_the_first_run_registered_stays(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        assert await store.current_run() is None
+        first = a_run("r1")
+        assert await store.register_run(first) == first
+        assert await store.register_run(a_run("r2", "gsm8k")) == first
+        assert await store.current_run() == first
+
+    run(make_store, scenario)
+
+
+def test_untagged_trajectories_only_while_no_run_is_registered(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a")
+        assert (await add(store, trajectory("a", (1,)))).accepted == 1
+        with pytest.raises(FailedPreconditionError, match="no run registered"):
+            await add(store, trajectory("a", (2,)), run_id="r1")
+        await store.register_run(a_run("r1"))
+        with pytest.raises(FailedPreconditionError, match=r"untagged.*serves run r1"):
+            await add(store, trajectory("a", (3,)))
+        with pytest.raises(FailedPreconditionError, match=r"run r2.*serves run r1"):
+            await add(store, trajectory("a", (4,)), run_id="r2")
+        assert (await add(store, trajectory("a", (5,)), run_id="r1")).accepted == 1
+        counters = await store.counters(NOW)
+        assert counters.trajectories == 2 and counters.trajectories_added_total == 2
+
+    run(make_store, scenario)

@@ -8,12 +8,15 @@ milliseconds, completions a digest, rewards a histogram bin. Pure: no I/O.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
+import json
 import math
 import struct
 from collections.abc import Sequence
 
 from tba.domain import FinishReason, Prompt, Trajectory
+from tba.runs import Run, RunIdentity, RunRecipe
 
 FORMAT_VERSION = 1
 # format, reward, ref_logprob, behavior_logprob, created_at_s, policy_version, finish_reason,
@@ -129,3 +132,18 @@ NEW_PROMPT_MS_BASE = -(2**50)
 
 def new_prompt_ms(sequence: int) -> int:
     return NEW_PROMPT_MS_BASE + sequence
+
+
+def encode_run(run: Run) -> str:
+    """A run as JSON (the Redis store keeps it as one string)."""
+    return json.dumps(dataclasses.asdict(run), sort_keys=True)
+
+
+def decode_run(text: str | bytes) -> Run:
+    data = json.loads(text)
+    return Run(
+        run_id=data["run_id"],
+        identity=RunIdentity(**data["identity"]),
+        recipe=RunRecipe(**data["recipe"]),
+        registered_at_s=data["registered_at_s"],
+    )

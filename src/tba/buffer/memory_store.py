@@ -27,6 +27,7 @@ from tba.domain import (
     WeightVersion,
 )
 from tba.errors import FailedPreconditionError
+from tba.runs import Run, check_tagged
 
 
 class _Pool:
@@ -192,6 +193,7 @@ class MemoryStore:
         self._evicted_total = 0
         self._groups_total = 0
         self._weights: WeightVersion | None = None
+        self._run: Run | None = None
 
     async def put_prompts(self, prompts: Sequence[Prompt]) -> PutPromptsResult:
         ids = []
@@ -233,7 +235,9 @@ class MemoryStore:
         trajectories: Sequence[Trajectory],
         now_s: float,
         digest: str,
+        run_id: str = "",
     ) -> AddResult:
+        check_tagged(self._run.run_id if self._run else "", run_id)
         now_ms = codec.to_ms(now_s)
         self._forget_requests(now_ms)
         seen = self._requests.get(request_id)
@@ -321,6 +325,14 @@ class MemoryStore:
 
     async def latest_weights(self) -> WeightVersion | None:
         return self._weights
+
+    async def register_run(self, run: Run) -> Run:
+        if self._run is None:
+            self._run = run
+        return self._run
+
+    async def current_run(self) -> Run | None:
+        return self._run
 
     async def close(self) -> None:
         """Nothing to release: the data lives and dies with the process."""

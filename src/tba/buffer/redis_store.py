@@ -36,6 +36,7 @@ from tba.domain import (
     WeightVersion,
 )
 from tba.errors import FailedPreconditionError, UnavailableError
+from tba.runs import Run, check_tagged
 
 SCRIPTS = (
     "put_prompts",
@@ -44,9 +45,11 @@ SCRIPTS = (
     "random_prompts",
     "candidates",
     "announce_weights",
+    "register_run",
 )
-# add_trajectories.lua's status: stored (0), replayed, or the request id kept with another digest.
-_REPLAYED, _OTHER_DIGEST = 1, 2
+# add_trajectories.lua's status: stored (0), replayed, the request id kept with another
+# digest, or a batch of another run than the registered one.
+_REPLAYED, _OTHER_DIGEST, _OTHER_RUN = 1, 2, 3
 # Expired leases and request ids forgotten per call; each call adds at most one.
 FORGET_PER_CALL = 8
 DEFAULT_TIMEOUT_S = 10.0
@@ -131,17 +134,20 @@ class RedisStore:
         trajectories: Sequence[Trajectory],
         now_s: float,
         digest: str,
+        run_id: str = "",
     ) -> AddResult:
         limits = self._limits
         args: list[Any] = [request_id, searcher_id, lease_id, codec.to_ms(now_s), repr(now_s)]
         args += [codec.to_ms(now_s + limits.request_id_ttl_s), int(limits.dedup)]
-        args += [limits.prompt_history, limits.capacity, FORGET_PER_CALL, digest]
+        args += [limits.prompt_history, limits.capacity, FORGET_PER_CALL, digest, run_id]
         edges = limits.reward_histogram_edges
         for t in trajectories:
             completion = codec.completion_digest(t.completion_token_ids)
             meta = f"{t.policy_version} {codec.reward_bin(edges, t.reward)} {t.reward!r}"
             args += [codec.encode_trajectory(t), f"{meta} {completion} {t.prompt_id}"]
         status, result = await self._run("add_trajectories", args)
+        if status == _OTHER_RUN:
+            check_tagged(result.decode(), run_id)
         if status == _OTHER_DIGEST:
             raise FailedPreconditionError(reused_request_id(request_id))
         accepted, replaced, evicted = (int(n) for n in result.split()[:3])
@@ -238,6 +244,15 @@ class RedisStore:
             step=int(fields[b"step"]),
             published_at_s=float(fields[b"published_at_s"]),
         )
+
+    async def register_run(self, run: Run) -> Run:
+        registered = await self._run("register_run", [run.run_id, codec.encode_run(run)])
+        return codec.decode_run(registered)
+
+    async def current_run(self) -> Run | None:
+        with _unavailable_on_connection_error(self._url):
+            text: Any = await self._redis.get(self._key("run"))
+        return codec.decode_run(text) if text else None
 
     async def close(self) -> None:
         await self._redis.aclose()

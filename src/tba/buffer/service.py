@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 
@@ -26,12 +27,14 @@ from tba.domain import (
     Trajectory,
     WeightVersion,
 )
-from tba.errors import InvalidArgumentError
+from tba.errors import FailedPreconditionError, InvalidArgumentError
+from tba.runs import Run, RunIdentity, check_joins, check_registers
 
 # Extra random draws per missing reward-priority group: repeats and already chosen
 # prompts are skipped, so a few spare draws avoid a second round trip.
 _OVERSAMPLE = 2
 _TOP_UP_ROUNDS = 3
+log = logging.getLogger(__name__)
 
 
 class RateMeter:
@@ -82,10 +85,12 @@ class BufferService:
         searcher_id: str,
         lease_id: str,
         trajectories: Sequence[Trajectory],
+        run_id: str = "",
     ) -> AddResult:
         """Stores the batch once per `request_id`: a retry of the same batch gets the first
-        result (`replayed`); the id reused for another batch is FailedPreconditionError."""
-        validation.check_add(request_id, searcher_id, lease_id, trajectories, self.settings)
+        result (`replayed`); the id reused for another batch is FailedPreconditionError, and
+        so is a batch of another run than the registered one (`runs.check_tagged`)."""
+        validation.check_add(request_id, searcher_id, lease_id, trajectories, self.settings, run_id)
         digest = codec.request_digest(searcher_id, lease_id, trajectories)
         prompt_ids = {t.prompt_id for t in trajectories}
         known = await self.store.get_prompts(sorted(prompt_ids))
@@ -98,7 +103,7 @@ class BufferService:
             for t in trajectories
         ]
         result = await self.store.add_trajectories(
-            request_id, searcher_id, lease_id, stamped, now_s, digest
+            request_id, searcher_id, lease_id, stamped, now_s, digest, run_id
         )
         if not result.replayed:
             self._adds.add(result.accepted)
@@ -204,6 +209,7 @@ class BufferService:
             evicted_total=counters.evicted_total,
             adds_per_s=self._adds.per_s(),
             samples_per_s=self._samples.per_s(),
+            run=await self.store.current_run(),
         )
 
     async def announce_weights(self, weights: WeightVersion) -> None:
@@ -212,6 +218,36 @@ class BufferService:
 
     async def latest_weights(self) -> WeightVersion | None:
         return await self.store.latest_weights()
+
+    async def register_run(self, run: Run) -> Run:
+        """Registers the trainer's run, or accepts it again when the buffer holds it (a
+        resume); FailedPreconditionError naming what differs when it holds another."""
+        validation.check_run(run, self.settings)
+        stamped = dataclasses.replace(run, registered_at_s=self._clock())
+        registered = await self.store.register_run(stamped)
+        try:
+            check_registers(registered, run)
+        except FailedPreconditionError as exc:
+            log.warning("refused a trainer's run: %s", exc)
+            raise
+        verb = "registered" if registered == stamped else "resumed"
+        log.info("run %s %s: %s", run.run_id, verb, registered.identity)
+        return registered
+
+    async def join_run(self, searcher_id: str, identity: RunIdentity) -> Run | None:
+        """The registered run (None while there is none); FailedPreconditionError naming
+        each field where the searcher's `identity` contradicts it."""
+        validation.check_id(searcher_id, "searcher_id")
+        validation.check_identity(identity)
+        registered = await self.store.current_run()
+        if registered is None:
+            return None
+        try:
+            check_joins(registered, identity, f"searcher {searcher_id}")
+        except FailedPreconditionError as exc:
+            log.warning("refused a searcher: %s", exc)
+            raise
+        return registered
 
     async def check_store(self) -> None:
         """Returns once the store has answered a read; UnavailableError while it cannot."""

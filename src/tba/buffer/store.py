@@ -22,6 +22,7 @@ from tba.domain import (
     Trajectory,
     WeightVersion,
 )
+from tba.runs import Run
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,13 +90,16 @@ class BufferStore(Protocol):
         trajectories: Sequence[Trajectory],
         now_s: float,
         digest: str,
+        run_id: str = "",
     ) -> AddResult:
         """Atomically stores validated trajectories of existing prompts, enforcing dedup,
-        per-prompt history and capacity. `digest` identifies the request's content
-        (`codec.request_digest`) and is kept with `request_id`: a repeated id with the same
-        digest returns the first result, with another one raises FailedPreconditionError
-        and changes nothing. An id kept without a digest (stored before digests were)
-        returns its first result whatever the digest."""
+        per-prompt history and capacity. First, `run_id` must be the registered run's
+        (`runs.check_tagged`: empty only while none is), else FailedPreconditionError.
+        `digest` identifies the request's content (`codec.request_digest`) and is kept
+        with `request_id`: a repeated id with the same digest returns the first result,
+        with another one raises FailedPreconditionError and changes nothing. An id kept
+        without a digest (stored before digests were) returns its first result whatever
+        the digest."""
         ...
 
     async def recent_prompt_ids(self, window: int) -> list[str]:
@@ -124,5 +128,12 @@ class BufferStore(Protocol):
         ...
 
     async def latest_weights(self) -> WeightVersion | None: ...
+
+    async def register_run(self, run: Run) -> Run:
+        """Atomically records `run` when no run is registered; returns the registered run:
+        `run`, or the one registered before, unchanged."""
+        ...
+
+    async def current_run(self) -> Run | None: ...
 
     async def close(self) -> None: ...

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from tba.buffer.config import BufferSettings
 from tba.domain import FinishReason, Prompt, SampleSpec, Trajectory, WeightVersion
 from tba.errors import InvalidArgumentError, ResourceExhaustedError
+from tba.runs import Run, RunIdentity
 
 MAX_ID_CHARS = 128
 # Versions and steps stay exact as doubles (Redis's Lua compares them as numbers).
@@ -18,6 +19,18 @@ MAX_VERSION = 2**53 - 1
 MAX_ABS_VALUE = 1e12
 # Seconds since the epoch, up to the year 5138.
 MAX_TIME_S = 1e11
+# A model source is a hub name or a directory path.
+MAX_SOURCE_CHARS = 4096
+# A registered run knows all of these; model_revision may be empty (a hub model loaded
+# without a commit hash).
+_REQUIRED_IDENTITY = (
+    "model_source",
+    "tokenizer_sha256",
+    "task_name",
+    "prompt_template_sha256",
+    "temperature",
+    "max_new_tokens",
+)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -90,10 +103,12 @@ def check_add(
     lease_id: str,
     trajectories: Sequence[Trajectory],
     settings: BufferSettings,
+    run_id: str = "",
 ) -> None:
     check_id(request_id, "request_id")
     check_id(searcher_id, "searcher_id")
     check_id(lease_id, "lease_id", required=False)
+    check_id(run_id, "run_id", required=False)
     check_count(len(trajectories), "trajectories", 1, settings.max_batch_trajectories)
     for i, trajectory in enumerate(trajectories):
         check_trajectory(trajectory, f"trajectories[{i}]", settings)
@@ -143,3 +158,28 @@ def check_weights(weights: WeightVersion) -> None:
     if not _SHA256.match(weights.sha256):
         raise _fail("weights.sha256 must be 64 lowercase hex digits")
     check_bounded(weights.published_at_s, "weights.published_at_s", 0, MAX_TIME_S)
+
+
+def check_identity(identity: RunIdentity) -> None:
+    """Each field within bounds; empty or zero ones are unknown (a joining searcher's)."""
+    for name in ("model_source", "model_revision", "tokenizer_sha256", "task_name"):
+        check_text(getattr(identity, name), f"identity.{name}")
+    check_count(len(identity.model_source), "identity.model_source", 0, MAX_SOURCE_CHARS)
+    for name in ("model_revision", "tokenizer_sha256", "task_name", "prompt_template_sha256"):
+        check_id(getattr(identity, name), f"identity.{name}", required=False)
+    check_bounded(identity.temperature, "identity.temperature", 0.0, 100.0)
+    check_count(identity.max_new_tokens, "identity.max_new_tokens", 0, 2**31 - 1)
+
+
+def check_run(run: Run, settings: BufferSettings) -> None:
+    """A run to register: an id and every identity field known."""
+    check_id(run.run_id, "run.run_id")
+    check_identity(run.identity)
+    missing = [name for name in _REQUIRED_IDENTITY if not getattr(run.identity, name)]
+    if missing:
+        raise _fail(f"run.identity lacks {', '.join(missing)}")
+    for name in ("task_json", "model_json"):
+        text = getattr(run.recipe, name)
+        check_text(text, f"run.recipe.{name}")
+        check_count(len(text), f"run.recipe.{name}", 2, settings.max_text_chars)
+    check_count(run.recipe.model_seed, "run.recipe.model_seed", 0, MAX_VERSION)

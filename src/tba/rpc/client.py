@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import grpc
 
-from tba import domain
+from tba import domain, runs
 from tba.buffer.access import AUTHORIZATION, bearer_header
 from tba.buffer.config import BufferClientSettings
 from tba.rpc import convert
@@ -93,12 +93,14 @@ class BufferClient:
         searcher_id: str,
         lease_id: str = "",
         request_id: str | None = None,
+        run_id: str = "",
     ) -> domain.AddResult:
         request = pb.AddTrajectoriesRequest(
             request_id=request_id or uuid.uuid4().hex,
             searcher_id=searcher_id,
             lease_id=lease_id,
             trajectories=[convert.trajectory_to_pb(t) for t in trajectories],
+            run_id=run_id,
         )
         return convert.add_result_from_pb(self._call(self._stub.AddTrajectories, request))
 
@@ -116,6 +118,19 @@ class BufferClient:
     def latest_weights(self) -> domain.WeightVersion | None:
         response = self._call(self._stub.GetLatestWeights, pb.GetLatestWeightsRequest())
         return convert.weights_from_pb(response.weights) if response.available else None
+
+    def register_run(self, run: runs.Run) -> runs.Run:
+        request = pb.RegisterRunRequest(run=convert.run_to_pb(run))
+        return convert.run_from_pb(self._call(self._stub.RegisterRun, request).run)
+
+    def join_run(self, searcher_id: str, identity: runs.RunIdentity) -> runs.Run | None:
+        """The registered run (None while there is none); FailedPreconditionError when
+        `identity` contradicts it."""
+        request = pb.JoinRunRequest(
+            searcher_id=searcher_id, identity=convert.identity_to_pb(identity)
+        )
+        response = self._call(self._stub.JoinRun, request)
+        return convert.run_from_pb(response.run) if response.registered else None
 
     def _call(self, method: Callable[..., T], request: object) -> T:
         backoff_s = self.settings.retry_backoff_s

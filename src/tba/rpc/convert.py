@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from tba import domain
+from tba import domain, runs
 from tba.v1 import buffer_pb2 as pb
 
 
@@ -192,6 +192,7 @@ def stats_to_pb(s: domain.BufferStats) -> pb.Stats:
         trajectories_added_total=s.trajectories_added_total,
         groups_sampled_total=s.groups_sampled_total,
         evicted_total=s.evicted_total,
+        run=run_to_pb(s.run) if s.run is not None else None,
     )
 
 
@@ -216,4 +217,55 @@ def stats_from_pb(msg: pb.Stats) -> domain.BufferStats:
         evicted_total=msg.evicted_total,
         adds_per_s=msg.adds_per_s,
         samples_per_s=msg.samples_per_s,
+        run=run_from_pb(msg.run) if msg.HasField("run") else None,
+    )
+
+
+def identity_to_pb(i: runs.RunIdentity) -> pb.RunIdentity:
+    return pb.RunIdentity(
+        model_source=i.model_source,
+        model_revision=i.model_revision,
+        tokenizer_sha256=i.tokenizer_sha256,
+        task_name=i.task_name,
+        prompt_template_sha256=i.prompt_template_sha256,
+        temperature=i.temperature,
+        max_new_tokens=i.max_new_tokens,
+    )
+
+
+def identity_from_pb(msg: pb.RunIdentity) -> runs.RunIdentity:
+    return runs.RunIdentity(
+        model_source=msg.model_source,
+        model_revision=msg.model_revision,
+        tokenizer_sha256=msg.tokenizer_sha256,
+        task_name=msg.task_name,
+        prompt_template_sha256=msg.prompt_template_sha256,
+        temperature=msg.temperature,
+        max_new_tokens=msg.max_new_tokens,
+    )
+
+
+def run_to_pb(run: runs.Run) -> pb.Run:
+    recipe = run.recipe
+    return pb.Run(
+        run_id=run.run_id,
+        identity=identity_to_pb(run.identity),
+        recipe=pb.RunRecipe(
+            task_json=recipe.task_json, model_json=recipe.model_json, model_seed=recipe.model_seed
+        ),
+        registered_at_s=run.registered_at_s,
+    )
+
+
+def run_from_pb(msg: pb.Run) -> runs.Run:
+    recipe = msg.recipe
+    return runs.Run(
+        run_id=msg.run_id,
+        identity=identity_from_pb(msg.identity),
+        recipe=runs.RunRecipe(
+            task_json=recipe.task_json or "{}",
+            model_json=recipe.model_json or "{}",
+            model_seed=recipe.model_seed,
+        ),
+        registered_at_s=msg.registered_at_s,
     )

@@ -98,7 +98,7 @@ class ReplayBufferServicer(pb_grpc.ReplayBufferServicer):
     async def AddTrajectories(self, request: Any, context: Any) -> pb.AddTrajectoriesResponse:
         trajectories = [convert.trajectory_from_pb(t) for t in request.trajectories]
         result = await self._service.add_trajectories(
-            request.request_id, request.searcher_id, request.lease_id, trajectories
+            request.request_id, request.searcher_id, request.lease_id, trajectories, request.run_id
         )
         return convert.add_result_to_pb(result)
 
@@ -122,6 +122,19 @@ class ReplayBufferServicer(pb_grpc.ReplayBufferServicer):
         if latest is None:
             return pb.GetLatestWeightsResponse(available=False)
         return pb.GetLatestWeightsResponse(available=True, weights=convert.weights_to_pb(latest))
+
+    @_maps_errors
+    async def RegisterRun(self, request: Any, context: Any) -> pb.RegisterRunResponse:
+        run = await self._service.register_run(convert.run_from_pb(request.run))
+        return pb.RegisterRunResponse(run=convert.run_to_pb(run))
+
+    @_maps_errors
+    async def JoinRun(self, request: Any, context: Any) -> pb.JoinRunResponse:
+        identity = convert.identity_from_pb(request.identity)
+        run = await self._service.join_run(request.searcher_id, identity)
+        if run is None:
+            return pb.JoinRunResponse(registered=False)
+        return pb.JoinRunResponse(registered=True, run=convert.run_to_pb(run))
 
 
 def _replay_buffer_handler(servicer: ReplayBufferServicer) -> grpc.GenericRpcHandler:

@@ -98,16 +98,18 @@ class LeasePromptsResponse(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., expires_at_s: _Optional[float] = ...) -> None: ...
 
 class AddTrajectoriesRequest(_message.Message):
-    __slots__ = ("request_id", "searcher_id", "lease_id", "trajectories")
+    __slots__ = ("request_id", "searcher_id", "lease_id", "trajectories", "run_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SEARCHER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     searcher_id: str
     lease_id: str
     trajectories: _containers.RepeatedCompositeFieldContainer[Trajectory]
-    def __init__(self, request_id: _Optional[str] = ..., searcher_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ...) -> None: ...
+    run_id: str
+    def __init__(self, request_id: _Optional[str] = ..., searcher_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class AddTrajectoriesResponse(_message.Message):
     __slots__ = ("accepted", "replaced_duplicates", "evicted", "replayed")
@@ -180,7 +182,7 @@ class VersionCount(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., trajectories: _Optional[int] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("trajectories", "prompts", "prompts_with_trajectories", "leases_in_flight", "reward_mean", "reward_histogram_edges", "reward_histogram_counts", "per_version", "latest_version", "adds_per_s", "samples_per_s", "searchers", "trajectories_added_total", "groups_sampled_total", "evicted_total")
+    __slots__ = ("trajectories", "prompts", "prompts_with_trajectories", "leases_in_flight", "reward_mean", "reward_histogram_edges", "reward_histogram_counts", "per_version", "latest_version", "adds_per_s", "samples_per_s", "searchers", "trajectories_added_total", "groups_sampled_total", "evicted_total", "run")
     TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_WITH_TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +198,7 @@ class Stats(_message.Message):
     TRAJECTORIES_ADDED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     GROUPS_SAMPLED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     EVICTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
     trajectories: int
     prompts: int
     prompts_with_trajectories: int
@@ -211,7 +214,8 @@ class Stats(_message.Message):
     trajectories_added_total: int
     groups_sampled_total: int
     evicted_total: int
-    def __init__(self, trajectories: _Optional[int] = ..., prompts: _Optional[int] = ..., prompts_with_trajectories: _Optional[int] = ..., leases_in_flight: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_histogram_edges: _Optional[_Iterable[float]] = ..., reward_histogram_counts: _Optional[_Iterable[int]] = ..., per_version: _Optional[_Iterable[_Union[VersionCount, _Mapping]]] = ..., latest_version: _Optional[int] = ..., adds_per_s: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., searchers: _Optional[_Iterable[_Union[SearcherInfo, _Mapping]]] = ..., trajectories_added_total: _Optional[int] = ..., groups_sampled_total: _Optional[int] = ..., evicted_total: _Optional[int] = ...) -> None: ...
+    run: Run
+    def __init__(self, trajectories: _Optional[int] = ..., prompts: _Optional[int] = ..., prompts_with_trajectories: _Optional[int] = ..., leases_in_flight: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_histogram_edges: _Optional[_Iterable[float]] = ..., reward_histogram_counts: _Optional[_Iterable[int]] = ..., per_version: _Optional[_Iterable[_Union[VersionCount, _Mapping]]] = ..., latest_version: _Optional[int] = ..., adds_per_s: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., searchers: _Optional[_Iterable[_Union[SearcherInfo, _Mapping]]] = ..., trajectories_added_total: _Optional[int] = ..., groups_sampled_total: _Optional[int] = ..., evicted_total: _Optional[int] = ..., run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...
 
 class WeightVersion(_message.Message):
     __slots__ = ("version", "uri", "sha256", "step", "published_at_s")
@@ -248,3 +252,71 @@ class GetLatestWeightsResponse(_message.Message):
     available: bool
     weights: WeightVersion
     def __init__(self, available: _Optional[bool] = ..., weights: _Optional[_Union[WeightVersion, _Mapping]] = ...) -> None: ...
+
+class RunIdentity(_message.Message):
+    __slots__ = ("model_source", "model_revision", "tokenizer_sha256", "task_name", "prompt_template_sha256", "temperature", "max_new_tokens")
+    MODEL_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_REVISION_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_SHA256_FIELD_NUMBER: _ClassVar[int]
+    TASK_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TEMPLATE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    model_source: str
+    model_revision: str
+    tokenizer_sha256: str
+    task_name: str
+    prompt_template_sha256: str
+    temperature: float
+    max_new_tokens: int
+    def __init__(self, model_source: _Optional[str] = ..., model_revision: _Optional[str] = ..., tokenizer_sha256: _Optional[str] = ..., task_name: _Optional[str] = ..., prompt_template_sha256: _Optional[str] = ..., temperature: _Optional[float] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
+
+class RunRecipe(_message.Message):
+    __slots__ = ("task_json", "model_json", "model_seed")
+    TASK_JSON_FIELD_NUMBER: _ClassVar[int]
+    MODEL_JSON_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SEED_FIELD_NUMBER: _ClassVar[int]
+    task_json: str
+    model_json: str
+    model_seed: int
+    def __init__(self, task_json: _Optional[str] = ..., model_json: _Optional[str] = ..., model_seed: _Optional[int] = ...) -> None: ...
+
+class Run(_message.Message):
+    __slots__ = ("run_id", "identity", "recipe", "registered_at_s")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    RECIPE_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    identity: RunIdentity
+    recipe: RunRecipe
+    registered_at_s: float
+    def __init__(self, run_id: _Optional[str] = ..., identity: _Optional[_Union[RunIdentity, _Mapping]] = ..., recipe: _Optional[_Union[RunRecipe, _Mapping]] = ..., registered_at_s: _Optional[float] = ...) -> None: ...
+
+class RegisterRunRequest(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: Run
+    def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...
+
+class RegisterRunResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: Run
+    def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...
+
+class JoinRunRequest(_message.Message):
+    __slots__ = ("searcher_id", "identity")
+    SEARCHER_ID_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    searcher_id: str
+    identity: RunIdentity
+    def __init__(self, searcher_id: _Optional[str] = ..., identity: _Optional[_Union[RunIdentity, _Mapping]] = ...) -> None: ...
+
+class JoinRunResponse(_message.Message):
+    __slots__ = ("registered", "run")
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    registered: bool
+    run: Run
+    def __init__(self, registered: _Optional[bool] = ..., run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...

@@ -69,6 +69,16 @@ class ReplayBufferStub:
                 request_serializer=tba_dot_v1_dot_buffer__pb2.GetLatestWeightsRequest.SerializeToString,
                 response_deserializer=tba_dot_v1_dot_buffer__pb2.GetLatestWeightsResponse.FromString,
                 _registered_method=True)
+        self.RegisterRun = channel.unary_unary(
+                '/tba.v1.ReplayBuffer/RegisterRun',
+                request_serializer=tba_dot_v1_dot_buffer__pb2.RegisterRunRequest.SerializeToString,
+                response_deserializer=tba_dot_v1_dot_buffer__pb2.RegisterRunResponse.FromString,
+                _registered_method=True)
+        self.JoinRun = channel.unary_unary(
+                '/tba.v1.ReplayBuffer/JoinRun',
+                request_serializer=tba_dot_v1_dot_buffer__pb2.JoinRunRequest.SerializeToString,
+                response_deserializer=tba_dot_v1_dot_buffer__pb2.JoinRunResponse.FromString,
+                _registered_method=True)
 
 
 class ReplayBufferServicer:
@@ -125,6 +135,22 @@ class ReplayBufferServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterRun(self, request, context):
+        """The trainer registers its run: accepted when the buffer holds none, or holds this one
+        (same id and identity: a resume); FAILED_PRECONDITION naming what differs otherwise.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JoinRun(self, request, context):
+        """A searcher takes the registered run (registered = false while there is none);
+        FAILED_PRECONDITION naming the field when the identity it knows contradicts the run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReplayBufferServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -162,6 +188,16 @@ def add_ReplayBufferServicer_to_server(servicer, server):
                     servicer.GetLatestWeights,
                     request_deserializer=tba_dot_v1_dot_buffer__pb2.GetLatestWeightsRequest.FromString,
                     response_serializer=tba_dot_v1_dot_buffer__pb2.GetLatestWeightsResponse.SerializeToString,
+            ),
+            'RegisterRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterRun,
+                    request_deserializer=tba_dot_v1_dot_buffer__pb2.RegisterRunRequest.FromString,
+                    response_serializer=tba_dot_v1_dot_buffer__pb2.RegisterRunResponse.SerializeToString,
+            ),
+            'JoinRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinRun,
+                    request_deserializer=tba_dot_v1_dot_buffer__pb2.JoinRunRequest.FromString,
+                    response_serializer=tba_dot_v1_dot_buffer__pb2.JoinRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -353,6 +389,60 @@ class ReplayBuffer:
             '/tba.v1.ReplayBuffer/GetLatestWeights',
             tba_dot_v1_dot_buffer__pb2.GetLatestWeightsRequest.SerializeToString,
             tba_dot_v1_dot_buffer__pb2.GetLatestWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tba.v1.ReplayBuffer/RegisterRun',
+            tba_dot_v1_dot_buffer__pb2.RegisterRunRequest.SerializeToString,
+            tba_dot_v1_dot_buffer__pb2.RegisterRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tba.v1.ReplayBuffer/JoinRun',
+            tba_dot_v1_dot_buffer__pb2.JoinRunRequest.SerializeToString,
+            tba_dot_v1_dot_buffer__pb2.JoinRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,7 +1,9 @@
 -- ARGV: request_id, searcher_id, lease_id, now_ms, now_s, request_expires_ms, dedup (0/1),
--- prompt_history, capacity, forget_limit, request_digest, then (blob, meta) per trajectory,
--- where meta is "version bin reward digest prompt_id". Returns {status, first result}: status
--- 0 stored, 1 replayed, 2 the request id is kept with another digest (nothing stored). A
+-- prompt_history, capacity, forget_limit, request_digest, run_id, then (blob, meta) per
+-- trajectory, where meta is "version bin reward digest prompt_id". Returns {status, first
+-- result}: status 0 stored, 1 replayed, 2 the request id is kept with another digest, 3 the
+-- batch's run is not the registered one (then the result is the registered run id, '' for
+-- none; nothing stored). A
 -- result is "accepted replaced evicted request_digest"; ids kept before digests were have no
 -- digest and replay whatever comes. Mirrors MemoryStore.add_trajectories step for step.
 local request_id, searcher_id, lease_id = ARGV[1], ARGV[2], ARGV[3]
@@ -9,7 +11,12 @@ local now_ms = ARGV[4]
 local dedup = ARGV[7] == '1'
 local history_cap, capacity = tonumber(ARGV[8]), tonumber(ARGV[9])
 local request_digest = ARGV[11]
-local first_pair = 12
+local first_pair = 13
+
+local registered_run = redis.call('GET', key('run_id')) or ''
+if registered_run ~= ARGV[12] then
+  return {3, registered_run}
+end
 
 local expired = redis.call('ZRANGEBYSCORE', key('req_exp'), '-inf', now_ms, 'LIMIT', 0, ARGV[10])
 for _, old in ipairs(expired) do
