@@ -6,9 +6,11 @@ import argparse
 import importlib
 import logging
 import os
+from pathlib import Path
 from types import ModuleType
 
-from tba.commandline import add_config_arguments, settings_from_args
+from tba.commandline import CONFIG_ENV, add_config_arguments, settings_from_args
+from tba.settings import Section
 
 # (group, command) -> module with FLAGS, SETTINGS, HELP and run(settings).
 COMMANDS: dict[tuple[str, ...], str] = {
@@ -45,6 +47,21 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], Modul
     return parser, modules
 
 
+def run_sections(
+    modules: dict[tuple[str, ...], ModuleType] | None = None,
+) -> dict[str, type[Section]]:
+    """The sections a run file may hold: the union of every command's sections. A section
+    name means one model in every command that reads it."""
+    if modules is None:
+        modules = {key: importlib.import_module(name) for key, name in COMMANDS.items()}
+    union: dict[str, type[Section]] = {}
+    for key, module in modules.items():
+        for name, model in module.SETTINGS.sections().items():
+            if union.setdefault(name, model) is not model:
+                raise TypeError(f"section [{name}] of `tba {' '.join(key)}` is another model")
+    return union
+
+
 def main(argv: list[str] | None = None) -> None:
     parser, modules = build_parser()
     args = parser.parse_args(argv)
@@ -52,7 +69,12 @@ def main(argv: list[str] | None = None) -> None:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     module = modules[args.command_key]
-    settings = settings_from_args(module.SETTINGS, args, module.FLAGS)
+    config = args.config
+    if config is None and os.environ.get(CONFIG_ENV):
+        config = Path(os.environ[CONFIG_ENV])
+    settings = settings_from_args(
+        module.SETTINGS, args, module.FLAGS, run_sections(modules), config
+    )
     module.run(settings)
 
 

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from tba.settings import CommandSettings, load_settings
+from tba.inputs import InputError, check_inputs
+from tba.settings import CommandSettings, RunFileError, Section, describe_error, load_settings
+
+CONFIG_ENV = "TBA_CONFIG"
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,12 @@ class Flag:
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, flags: tuple[Flag, ...]) -> None:
-    parser.add_argument("--config", type=Path, help="TOML run config (sections as in the docs).")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help=f"TOML run file: the sections of every command of the run (docs/configuration.md); "
+        f"default: the {CONFIG_ENV} environment variable.",
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -52,9 +61,34 @@ def add_config_arguments(parser: argparse.ArgumentParser, flags: tuple[Flag, ...
 
 
 def settings_from_args(
-    cls: type[CommandSettings], args: argparse.Namespace, flags: tuple[Flag, ...]
+    cls: type[CommandSettings],
+    args: argparse.Namespace,
+    flags: tuple[Flag, ...],
+    run_sections: Mapping[str, type[Section]],
+    config: Path | None = None,
 ) -> CommandSettings:
-    """Resolves settings or exits with a readable message naming the bad field."""
+    """Resolves settings from flags, env and the run file `config` (validated against
+    `run_sections`, the sections of every command) and checks the run's inputs (models, task,
+    data); on any problem exits with a message naming the file and field."""
+    overrides = _overrides(args, flags)
+    where = str(config) if config is not None else "settings"
+    try:
+        settings = load_settings(cls, config, overrides, run_sections)
+        check_inputs(settings, where)
+    except RunFileError as exc:
+        sys.exit(f"error: invalid run file:\n{exc}")
+    except ValidationError as exc:
+        problems = "\n".join(describe_error(error) for error in exc.errors())
+        sys.exit(f"error: invalid settings ({where}, env or flags):\n{problems}")
+    except InputError as exc:
+        sys.exit(f"error: {exc}")
+    if args.print_config:
+        print(settings.to_toml(), end="")
+        sys.exit(0)
+    return settings
+
+
+def _overrides(args: argparse.Namespace, flags: tuple[Flag, ...]) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     for item in args.set:
         key, sep, value = item.partition("=")
@@ -65,14 +99,7 @@ def settings_from_args(
         value = getattr(args, _dest(flag))
         if value is not None:
             overrides[flag.path] = value
-    try:
-        settings = load_settings(cls, args.config, overrides)
-    except (ValidationError, FileNotFoundError) as exc:
-        sys.exit(f"error: invalid settings:\n{exc}")
-    if args.print_config:
-        print(settings.to_toml(), end="")
-        sys.exit(0)
-    return settings
+    return overrides
 
 
 def _dest(flag: Flag) -> str:

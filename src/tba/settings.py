@@ -1,27 +1,32 @@
 """Settings machinery: pydantic-settings with `TBA_<SECTION>__<FIELD>` env vars, an optional
-TOML run config, and overrides from command-line flags (highest priority).
+TOML run file, and overrides from command-line flags (highest priority).
 
 Sections are plain pydantic models (`Section`); each command has a root `CommandSettings`
-naming the sections it uses. Only entry points call `load_settings`.
+naming the sections it uses. A run file holds the sections of every command of a run: it is
+validated against the sections of all of them (`run_sections`), and each command takes only its
+own. Only entry points call `load_settings`.
 """
 
 from __future__ import annotations
 
 import contextvars
+import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    TomlConfigSettingsSource,
 )
 
-_TOML_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
-    "tba_toml_file", default=None
+# The run file's sections of the command being built (a source below env vars).
+_FILE_SECTIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "tba_file_sections", default=None
 )
 
 S = TypeVar("S", bound="CommandSettings")
@@ -47,6 +52,11 @@ class CommandSettings(BaseSettings):
     env_prefix: ClassVar[str] = "TBA_"
 
     @classmethod
+    def without_run_file(cls) -> dict[str, Any]:
+        """Sections that stand in for the run file when none is given (below env vars)."""
+        return {}
+
+    @classmethod
     def settings_customise_sources(
         cls,
         settings_cls: type[BaseSettings],
@@ -55,28 +65,106 @@ class CommandSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml_file = _TOML_FILE.get()
+        file_sections = _FILE_SECTIONS.get()
+        if file_sections is None:
+            file_sections = cls.without_run_file()
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        if toml_file is not None:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
+        if file_sections:
+            sources.append(InitSettingsSource(settings_cls, init_kwargs=file_sections))
         return tuple(sources)
+
+    @classmethod
+    def sections(cls) -> dict[str, type[Section]]:
+        """Section name -> its model, for the sections this command reads."""
+        return {
+            name: _section_model(name, info.annotation) for name, info in cls.model_fields.items()
+        }
 
     def to_toml(self) -> str:
         """The resolved settings as a TOML run config (None values left out)."""
         return tomli_w.dumps(drop_none(self.model_dump(mode="json")))
 
 
+class RunFileError(ValueError):
+    """A run file that cannot be read or does not validate; the message names the file, the
+    section and the field (never a value: values may be secrets)."""
+
+
 def load_settings(
-    cls: type[S], toml_file: Path | None = None, overrides: dict[str, Any] | None = None
+    cls: type[S],
+    toml_file: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    run_sections: Mapping[str, type[Section]] | None = None,
 ) -> S:
-    """Builds `cls` from overrides (dotted keys such as `buffer.grpc_port`), env and TOML."""
-    if toml_file is not None and not toml_file.is_file():
-        raise FileNotFoundError(f"config file {toml_file} does not exist")
-    token = _TOML_FILE.set(toml_file)
+    """Builds `cls` from overrides (dotted keys such as `buffer.grpc_port`), env and the run
+    file. The file is validated against `run_sections` (the sections of every command; by
+    default `cls`'s own) and `cls` takes only its own sections from it."""
+    file_sections: dict[str, Any] | None = None
+    if toml_file is not None:
+        data = validate_run_file(toml_file, run_sections or cls.sections())
+        file_sections = {name: data[name] for name in cls.model_fields if name in data}
+    token = _FILE_SECTIONS.set(file_sections)
     try:
         return cls(**nest_dotted(overrides or {}))
     finally:
-        _TOML_FILE.reset(token)
+        _FILE_SECTIONS.reset(token)
+
+
+def read_run_file(path: Path) -> dict[str, Any]:
+    """The run file's TOML; RunFileError when it is missing or not TOML."""
+    try:
+        with path.open("rb") as stream:
+            return tomllib.load(stream)
+    except FileNotFoundError as exc:
+        raise RunFileError(f"{path}: run file does not exist") from exc
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise RunFileError(f"{path}: cannot read the run file: {exc}") from exc
+
+
+def validate_run_file(path: Path, sections: Mapping[str, type[Section]]) -> dict[str, Any]:
+    """The run file's data after checking every section against `sections`: an unknown
+    section, an unknown field or a bad value is a RunFileError listing each one."""
+    data = read_run_file(path)
+    problems: list[str] = []
+    for name, value in data.items():
+        model = sections.get(name)
+        if model is None:
+            known = ", ".join(sorted(sections))
+            problems.append(f"{path}: unknown section [{name}] (sections: {known})")
+        elif not isinstance(value, dict):
+            problems.append(f"{path}: {name} must be a [{name}] section")
+        else:
+            problems.extend(_section_problems(path, name, model, value))
+    if problems:
+        raise RunFileError("\n".join(problems))
+    return data
+
+
+def _section_problems(
+    path: Path, name: str, model: type[Section], value: dict[str, Any]
+) -> list[str]:
+    try:
+        model.model_validate(value)
+    except ValidationError as exc:
+        return [f"{path}: {describe_error(error, (name,))}" for error in exc.errors()]
+    return []
+
+
+def describe_error(error: Any, prefix: tuple[str, ...] = ()) -> str:
+    """`[section] field: message` of one pydantic error (its input never shown)."""
+    loc = [*prefix, *(str(part) for part in error["loc"])]
+    message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
+    if not loc:
+        return str(message)
+    if len(loc) == 1:
+        return f"[{loc[0]}]: {message}"
+    return f"[{'.'.join(loc[:-1])}] {loc[-1]}: {message}"
+
+
+def _section_model(name: str, annotation: Any) -> type[Section]:
+    if isinstance(annotation, type) and issubclass(annotation, Section):
+        return annotation
+    raise TypeError(f"settings field {name!r} is not a Section")
 
 
 def nest_dotted(flat: dict[str, Any]) -> dict[str, Any]:
