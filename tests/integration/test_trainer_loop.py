@@ -133,7 +133,6 @@ def make_loop(tmp_path: Path, source: Any, announced: list, **overrides: Any) ->
             "num_prompts": 3,
             "samples_per_prompt": 4,
             "micro_batch_size": 5,
-            "temperature": TEMPERATURE,
             "beta_start": 0.5,
             "beta_end": 0.1,
             "beta_anneal_steps": 4,
@@ -161,6 +160,7 @@ def make_loop(tmp_path: Path, source: Any, announced: list, **overrides: Any) ->
         objective=TrajectoryBalance(),
         reference=reference,
         pad_token_id=tokenizer.pad_token_id,
+        temperature=TEMPERATURE,
         checkpointer=Checkpointer(tmp_path / "ckpt", 2, engine),
         checkpoint_every_steps=2,
     )

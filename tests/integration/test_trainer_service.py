@@ -85,7 +85,7 @@ def run_trainer(
         "trainer.num_prompts": 3,
         "trainer.samples_per_prompt": 4,
         "trainer.micro_batch_size": 3,
-        "trainer.temperature": TEMPERATURE,
+        "searcher.temperature": TEMPERATURE,
         "trainer.recency_probability": 0.5,
         "trainer.publish_every_steps": 2,
         "trainer.device": "cpu",

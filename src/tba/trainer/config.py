@@ -44,11 +44,12 @@ class TrainerSettings(Section):
     micro_batch_size: int = Field(
         20, ge=1, le=65_536, description="Trajectories per forward/backward pass."
     )
-    temperature: float = Field(
-        0.7,
+    temperature: float | None = Field(
+        None,
         gt=0.0,
         le=100.0,
-        description="The searchers' sampling temperature: log-probs use logits / temperature.",
+        description="Deprecated: the sampling temperature is `[searcher] temperature`, which "
+        "the trainer divides logits by. Accepted when equal to it; unset by default.",
     )
     objective: Literal["tb", "rloo"] = Field(
         "tb", description="`tb` (Trajectory Balance) or `rloo` (on-policy baseline)."

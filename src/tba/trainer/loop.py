@@ -64,6 +64,8 @@ class TrainerLoop:
     objective: Objective
     reference: ReferenceResets
     pad_token_id: int
+    # The searchers' sampling temperature: log-probs of logits / temperature.
+    temperature: float
     clock: Clock = field(default_factory=SystemClock)
     checkpointer: Checkpointer | None = None
     checkpoint_every_steps: int = 0
@@ -161,7 +163,7 @@ class TrainerLoop:
         layout = plan_layout(
             train, self.settings.micro_batch_size, self.engine.rank, self.engine.world_size
         )
-        logprobs = policy_logprob_fn(self.engine, self.settings.temperature, self.pad_token_id)
+        logprobs = policy_logprob_fn(self.engine, self.temperature, self.pad_token_id)
         return accumulate_gradients(self.engine, train, layout, self.objective, beta, logprobs)
 
     def _checkpoint_due(self) -> bool:

@@ -20,7 +20,9 @@ from tba.buffer.config import BufferClientSettings
 from tba.commandline import Flag
 from tba.models.config import ModelSettings
 from tba.objectstore.config import ObjectStoreSettings
+from tba.searcher.config import SearcherSettings
 from tba.settings import CommandSettings
+from tba.tasks.config import TaskSettings
 from tba.trainer.config import (
     CheckpointSettings,
     DistributedSettings,
@@ -47,13 +49,29 @@ class TrainerRunSettings(CommandSettings):
     distributed: DistributedSettings = DistributedSettings()
     objectstore: ObjectStoreSettings = ObjectStoreSettings()
     client: BufferClientSettings = BufferClientSettings()
+    # The run's generation settings (the sampling temperature, which the trainer divides
+    # logits by, and the completion length) and its task: one definition for both sides.
+    searcher: SearcherSettings = SearcherSettings()
+    task: TaskSettings = TaskSettings()
 
     @model_validator(mode="after")
     def _check_combinations(self) -> TrainerRunSettings:
         zero3 = self.distributed.backend == "deepspeed" and self.distributed.zero_stage == 3
         if zero3 and self.trainer.reference_reset_steps > 0:
             raise ValueError("reference resets need full weights on each rank: not with ZeRO-3")
+        deprecated = self.trainer.temperature
+        if deprecated is not None and deprecated != self.searcher.temperature:
+            raise ValueError(
+                f"trainer.temperature ({deprecated}, deprecated) differs from "
+                f"searcher.temperature ({self.searcher.temperature}), the sampling temperature "
+                "the trainer divides logits by: set only searcher.temperature"
+            )
         return self
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature: log-probs are of logits / temperature."""
+        return self.searcher.temperature
 
 
 SETTINGS = TrainerRunSettings
@@ -100,7 +118,7 @@ def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
     store = open_store(settings.objectstore)
     reference = ReferenceResets(
         t.reference_reset_steps,
-        t.temperature,
+        settings.temperature,
         tokenizer.pad_token_id,
         t.micro_batch_size,
         engine.forward_context,
@@ -136,6 +154,7 @@ def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
         objective=build_objective(t),
         reference=reference,
         pad_token_id=tokenizer.pad_token_id,
+        temperature=settings.temperature,
         checkpointer=checkpointer,
         checkpoint_every_steps=settings.checkpoint.every_steps,
         log_every_steps=settings.metrics.log_every_steps,
