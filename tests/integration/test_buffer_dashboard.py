@@ -8,6 +8,7 @@ import httpx
 from tba.buffer.config import BufferClientSettings
 from tba.domain import Prompt
 from tba.rpc.client import BufferClient
+from tba.runs import Run, RunIdentity
 from tests.fixtures.data import trajectory
 
 CHROMIUM_FLAGS = [
@@ -29,11 +30,15 @@ def _chromium(tmp_path, *args):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
 
 
-def test_dashboard_shows_buffer_size_rewards_and_searchers(buffer_service, tmp_path):
+RUN = Run("run-dashboard", RunIdentity("gpt2", "c0ffee", "a" * 64, "arithmetic", "b" * 64, 0.7, 9))
+
+
+def test_dashboard_shows_buffer_size_rewards_searchers_and_the_run(buffer_service, tmp_path):
     with BufferClient(BufferClientSettings(address=buffer_service.address)) as client:
+        client.register_run(RUN)
         (pid,) = client.put_prompts([Prompt("", "1+2=", "3")]).prompt_ids
         batch = [trajectory(pid, completion=[4, k], reward=k / 10) for k in range(7)]
-        client.add_trajectories(batch, searcher_id="searcher-abc")
+        client.add_trajectories(batch, searcher_id="searcher-abc", run_id=RUN.run_id)
     page = httpx.get(buffer_service.http_url + "/", timeout=10)
     assert page.status_code == 200 and "TBA replay buffer" in page.text
     dom = _chromium(
@@ -42,6 +47,8 @@ def test_dashboard_shows_buffer_size_rewards_and_searchers(buffer_service, tmp_p
     assert '<div class="value" id="trajectories">7</div>' in dom
     assert '<div class="value" id="prompts">1</div>' in dom
     assert "searcher-abc" in dom
+    assert "<td>run id</td><td>run-dashboard</td>" in dom
+    assert "<td>task_name</td><td>arithmetic</td>" in dom
     assert dom.count('class="bar"') == 20
     assert '<div id="status" class="">updated' in dom
     _chromium(

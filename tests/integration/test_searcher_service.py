@@ -31,11 +31,14 @@ from tba.searcher.main import Searcher, SearcherRunSettings, build_searcher
 from tba.tasks.arithmetic import ArithmeticTask
 from tba.tasks.base import Split
 from tba.tasks.config import ArithmeticSettings, TaskSettings
+from tests.fixtures.runs import run_of
 
 MODEL = ModelSettings(tiny_layers=1, tiny_width=32, tiny_heads=2, tiny_positions=64)
 TASK = TaskSettings(arithmetic=ArithmeticSettings(min_operand=10, max_operand=12, test_size=2))
 TEMPERATURE = 0.7
+MAX_NEW_TOKENS = 6
 SEARCHER_ID = "searcher-it"
+RUN = run_of(MODEL, TASK, TEMPERATURE, MAX_NEW_TOKENS)
 
 
 @pytest.fixture
@@ -49,7 +52,7 @@ def run_settings(address: str, root: Path, **searcher: Any) -> SearcherRunSettin
         "id": SEARCHER_ID,
         "prompts_per_round": 4,
         "samples_per_prompt": 3,
-        "max_new_tokens": 6,
+        "max_new_tokens": MAX_NEW_TOKENS,
         "temperature": TEMPERATURE,
         "weights_dir": str(root / "searcher-weights"),
         "idle_poll_s": 0.05,
@@ -66,8 +69,10 @@ def run_settings(address: str, root: Path, **searcher: Any) -> SearcherRunSettin
 
 
 @pytest.fixture
-def searcher(buffer_address: str, tmp_path: Path) -> Iterator[Searcher]:
+def searcher(buffer_address: str, client: BufferClient, tmp_path: Path) -> Iterator[Searcher]:
+    client.register_run(RUN)
     built = build_searcher(run_settings(buffer_address, tmp_path))
+    assert built is not None
     yield built
     built.close()
 
@@ -168,47 +173,90 @@ def test_a_corrupt_published_version_is_refused_and_the_old_weights_kept(
     assert values is not None and values["searcher/version"] == 2
 
 
-def searcher_command(address: str, root: Path, rounds: int) -> list[str]:
+CLI_TASK = TaskSettings(arithmetic=ArithmeticSettings(max_operand=20, test_size=10))
+CLI_RUN = run_of(MODEL, CLI_TASK, 1.0, 4, run_id="cli-run")
+
+
+def searcher_command(address: str, root: Path, rounds: int, *settings: str) -> list[str]:
+    """`tba searcher run` with the buffer's address and per-replica settings only: the task,
+    model, temperature and completion length come from the run."""
     command = [sys.executable, "-m", "tba", "searcher", "run", "--buffer", address]
     command += ["--rounds", str(rounds), "--store", f"file://{root / 'store'}"]
     for key, value in {
         "searcher.id": "cli-searcher",
         "searcher.prompts_per_round": 4,
         "searcher.samples_per_prompt": 2,
-        "searcher.max_new_tokens": 4,
         "searcher.weights_dir": root / "weights",
-        "model.tiny_layers": MODEL.tiny_layers,
-        "model.tiny_width": MODEL.tiny_width,
-        "model.tiny_heads": MODEL.tiny_heads,
-        "model.tiny_positions": MODEL.tiny_positions,
-        "task.arithmetic.max_operand": 20,
-        "task.arithmetic.test_size": 10,
+        "searcher.idle_poll_s": 0.2,
         "engine.device": "cpu",
     }.items():
         command += ["--set", f"{key}={value}"]
+    for setting in settings:
+        command += ["--set", setting]
     return command
 
 
-def test_searcher_run_command_does_its_rounds(buffer_address, client, tmp_path):
+def test_a_searcher_waits_for_the_run_then_joins_and_tags_its_trajectories(
+    buffer_address, client, tmp_path
+):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
+    proc = subprocess.Popen(
         searcher_command(buffer_address, tmp_path, rounds=2),
         env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        while "waiting for a run" not in proc.stderr.readline():
+            assert proc.poll() is None
+        client.register_run(CLI_RUN)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr[-5000:]
+    assert "searcher ready: id cli-searcher, engine transformers, version 0" in stdout
+    assert "run cli-run" in stdout
+    stats = client.stats()
+    assert stats.prompts == 11 * 11 - 10  # the run's task, not the searcher's default
+    (info,) = stats.searchers
+    assert info.searcher_id == "cli-searcher" and info.trajectories_added > 0
+    assert stats.leases_in_flight == 0
+    assert stats.run is not None and stats.run.run_id == "cli-run"
+    completions = [unpack_tokens(t.completion_token_ids) for t in stored(client)]
+    assert completions and max(len(c) for c in completions) <= 4  # the run's max_new_tokens
+
+
+@pytest.mark.parametrize(
+    ("setting", "field"),
+    [
+        ("searcher.temperature=0.5", "temperature: the run has 1.0, this has 0.5"),
+        ("task.name=gsm8k", "task_name: the run has 'arithmetic', this has 'gsm8k'"),
+        ("model.tiny_width=64", "model_revision: the run has 'sha256:"),
+    ],
+)
+def test_a_searcher_whose_settings_contradict_the_run_exits_naming_the_field(
+    buffer_address, client, tmp_path, setting, field
+):
+    client.register_run(CLI_RUN)
+    done = subprocess.run(
+        searcher_command(buffer_address, tmp_path, 1, setting),
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert done.returncode == 0, done.stderr[-5000:]
-    assert "searcher ready: id cli-searcher, engine transformers, version 0" in done.stdout
-    stats = client.stats()
-    assert stats.prompts == 11 * 11 - 10
-    (info,) = stats.searchers
-    assert info.searcher_id == "cli-searcher" and info.trajectories_added > 0
-    assert stats.leases_in_flight == 0
+    assert done.returncode != 0
+    assert "searcher refused by the buffer" in done.stderr and field in done.stderr
+    assert client.stats().trajectories_added_total == 0
 
 
 def test_sigterm_finishes_the_round_and_exits_cleanly(buffer_address, client, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    client.register_run(CLI_RUN)
     proc = subprocess.Popen(
         searcher_command(buffer_address, tmp_path, rounds=0),
         env=env,

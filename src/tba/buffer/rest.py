@@ -29,6 +29,7 @@ from tba.buffer.http_guard import RequestGuard
 from tba.buffer.service import BufferService
 from tba.buffer.validation import MAX_ID_CHARS
 from tba.domain import BufferStats, Prompt
+from tba.runs import Run
 
 _STATUS: dict[type[errors.TbaError], int] = {
     errors.InvalidArgumentError: 422,
@@ -161,6 +162,36 @@ class WeightsOut(BaseModel):
     published_at_s: float = 0.0
 
 
+class RunIdentityOut(BaseModel):
+    model_source: str = Field(description="A hub name, `tiny`, or `local` for a directory.")
+    model_revision: str = Field(description="The hub commit, or `sha256:` of the weights.")
+    tokenizer_sha256: str
+    task_name: str
+    prompt_template_sha256: str
+    temperature: float = Field(description="The sampling temperature of the run.")
+    max_new_tokens: int
+
+
+class RunOut(BaseModel):
+    """The registered run: what every searcher and the trainer agree on (docs/runs.md)."""
+
+    run_id: str
+    identity: RunIdentityOut
+    task: dict[str, Any] = Field(description="The run's [task] section.")
+    model: dict[str, Any] = Field(description="The run's [model] section.")
+    registered_at_s: float
+
+
+def run_out(run: Run) -> RunOut:
+    return RunOut(
+        run_id=run.run_id,
+        identity=RunIdentityOut(**dataclasses.asdict(run.identity)),
+        task=json.loads(run.recipe.task_json),
+        model=json.loads(run.recipe.model_json),
+        registered_at_s=run.registered_at_s,
+    )
+
+
 class StatsOut(BaseModel):
     trajectories: int
     prompts: int
@@ -177,6 +208,7 @@ class StatsOut(BaseModel):
     trajectories_added_total: int
     groups_sampled_total: int
     evicted_total: int
+    run: RunOut | None = Field(description="The registered run; null while there is none.")
 
 
 def stats_out(s: BufferStats) -> StatsOut:
@@ -196,6 +228,7 @@ def stats_out(s: BufferStats) -> StatsOut:
         trajectories_added_total=s.trajectories_added_total,
         groups_sampled_total=s.groups_sampled_total,
         evicted_total=s.evicted_total,
+        run=run_out(s.run) if s.run is not None else None,
     )
 
 

@@ -1,8 +1,11 @@
 """Loading a model and its tokenizer from `[model]` settings: the tiny model built from a
-config (tests, the demo), or a directory / hub name through transformers."""
+config (tests, the demo), or a directory / hub name through transformers. Also the hashes
+that make a run's identity (`tba.runs`): of the tokenizer and of the base weights."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -46,3 +49,47 @@ def materialize(settings: ModelSettings, seed: int, directory: Path) -> Path:
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+# Files whose bytes are a directory's weights (transformers' formats).
+_WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+_CHUNK_BYTES = 1 << 24
+
+
+def tokenizer_sha256(tokenizer: Any) -> str:
+    """sha256 of the canonical JSON of the vocabulary (token -> id, added tokens included)
+    and the BOS, EOS and pad ids: two tokenizers with equal hashes encode alike."""
+    content = {
+        "vocab": sorted(tokenizer.get_vocab().items()),
+        "special": [tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id],
+    }
+    text = json.dumps(content, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def base_weights_revision(settings: ModelSettings, seed: int, model_config: Any) -> str:
+    """What names the base weights: `sha256:` of the parameters for `tiny` (built again
+    from `seed`: the caller's copy may be trained already) and of the weight files for a
+    directory; the commit transformers resolved for a hub name ('' when it reports none)."""
+    if settings.source == "tiny":
+        _, model = load_model(settings, seed)
+        digest = hashlib.sha256()
+        for name, tensor in sorted(model.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().contiguous().numpy().tobytes())
+        return f"sha256:{digest.hexdigest()}"
+    directory = Path(settings.source)
+    if directory.is_dir():
+        return f"sha256:{_files_sha256(directory)}"
+    return str(getattr(model_config, "_commit_hash", None) or "")
+
+
+def _files_sha256(directory: Path) -> str:
+    digest = hashlib.sha256()
+    files = sorted({p for pattern in _WEIGHT_PATTERNS for p in directory.glob(pattern)})
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as stream:
+            while chunk := stream.read(_CHUNK_BYTES):
+                digest.update(chunk)
+    return digest.hexdigest()

@@ -17,14 +17,17 @@ from typing import TYPE_CHECKING
 
 from tba.buffer.config import BufferClientSettings
 from tba.commandline import Flag
+from tba.errors import FailedPreconditionError
 from tba.models.config import ModelSettings
 from tba.objectstore.config import ObjectStoreSettings
 from tba.searcher.config import EngineSettings, SearcherSettings
+from tba.searcher.joining import ExplicitSettings
 from tba.settings import CommandSettings
 from tba.tasks.config import TaskSettings
 
 if TYPE_CHECKING:
     from tba.rpc.client import BufferClient
+    from tba.runs import Run
     from tba.searcher.engine import GenerationEngine
     from tba.searcher.loop import SearcherLoop
     from tba.searcher.metrics import SearcherMetrics
@@ -35,7 +38,10 @@ log = logging.getLogger(__name__)
 SEED_CHUNK_PROMPTS = 1000
 
 
-class SearcherRunSettings(CommandSettings):
+class SearcherRunSettings(ExplicitSettings, CommandSettings):
+    """The searcher's sections. Its task, model, `searcher.temperature` and
+    `searcher.max_new_tokens` come from the buffer's run wherever they are not set here."""
+
     searcher: SearcherSettings = SearcherSettings()
     engine: EngineSettings = EngineSettings()
     model: ModelSettings = ModelSettings()
@@ -63,6 +69,8 @@ class Searcher:
     client: BufferClient
     engine: GenerationEngine
     metrics: SearcherMetrics
+    settings: SearcherRunSettings
+    run: Run
 
     def close(self) -> None:
         self.metrics.close()
@@ -75,14 +83,22 @@ def run(settings: CommandSettings) -> None:
     import torch
 
     torch.manual_seed(settings.searcher.seed)
-    searcher = build_searcher(settings)
+    stop = threading.Event()
+    stop_on_signals(stop)
     try:
-        stop_on_signals(searcher.loop.stop)
+        searcher = build_searcher(settings, stop)
+    except FailedPreconditionError as exc:
+        raise SystemExit(f"searcher refused by the buffer: {exc}") from exc
+    if searcher is None:
+        log.info("searcher stopped before a run was registered")
+        return
+    try:
         searcher.loop.weights.check()
+        s = searcher.settings
         print(
-            f"searcher ready: id {searcher.loop.searcher_id}, engine {settings.engine.kind}, "
-            f"version {searcher.engine.version}, task {settings.task.name}, "
-            f"buffer {settings.client.address}",
+            f"searcher ready: id {searcher.loop.searcher_id}, engine {s.engine.kind}, "
+            f"version {searcher.engine.version}, task {s.task.name}, "
+            f"buffer {s.client.address}, run {searcher.run.run_id}",
             flush=True,
         )
         rounds = searcher.loop.run()
@@ -91,12 +107,43 @@ def run(settings: CommandSettings) -> None:
         searcher.close()
 
 
-def build_searcher(settings: SearcherRunSettings) -> Searcher:
-    """Wires the real collaborators: buffer client, task, engine, reference, weights."""
+def build_searcher(
+    settings: SearcherRunSettings, stop: threading.Event | None = None
+) -> Searcher | None:
+    """Joins the buffer's run (waiting until one is registered; None when `stop` is set
+    first) and wires the real collaborators: task, engine, reference, weights. A setting
+    that contradicts the run is FailedPreconditionError naming the field."""
+    from tba.rpc.client import BufferClient
+    from tba.searcher.joining import adopt_run, settings_identity, wait_for_run
+
+    stop = stop or threading.Event()
+    searcher_id = settings.searcher.id or default_searcher_id()
+    client = BufferClient(settings.client)
+    try:
+        client.wait_ready(settings.client.timeout_s)
+        run = wait_for_run(client, searcher_id, settings.searcher.idle_poll_s, stop)
+        if run is None:
+            client.close()
+            return None
+        settings = adopt_run(settings, run)
+        client.join_run(searcher_id, settings_identity(settings))
+        return _wire(settings, client, run, searcher_id, stop)
+    except BaseException:
+        client.close()
+        raise
+
+
+def _wire(
+    settings: SearcherRunSettings,
+    client: BufferClient,
+    run: Run,
+    searcher_id: str,
+    stop: threading.Event,
+) -> Searcher:
     from tba.models.loading import load_model
     from tba.objectstore import open_store
-    from tba.rpc.client import BufferClient
     from tba.searcher.hf_engine import torch_device, torch_dtype
+    from tba.searcher.joining import RunBuffer, model_identity
     from tba.searcher.loop import SearcherLoop
     from tba.searcher.metrics import SearcherMetrics
     from tba.searcher.reference import ReferenceScorer
@@ -104,14 +151,15 @@ def build_searcher(settings: SearcherRunSettings) -> Searcher:
     from tba.tasks.registry import build_task
 
     s = settings.searcher
+    base_seed = run.recipe.model_seed
     task = build_task(settings.task)
-    client = BufferClient(settings.client)
-    client.wait_ready(settings.client.timeout_s)
-    if s.seed_prompts:
-        log.info("seeded %d new prompts of %s", seed_prompts(client, task), task.name)
     # The reference is the base model, loaded once; the engine holds its own copy and
     # hot-reloads that one.
-    tokenizer, base = load_model(settings.model, s.seed)
+    tokenizer, base = load_model(settings.model, base_seed)
+    client.join_run(searcher_id, model_identity(settings, tokenizer, base.config, base_seed))
+    log.info("joined run %s: task %s, model %s", run.run_id, task.name, settings.model.source)
+    if s.seed_prompts:
+        log.info("seeded %d new prompts of %s", seed_prompts(client, task), task.name)
     device = torch_device(settings.engine)
     reference = ReferenceScorer(
         base,
@@ -121,7 +169,7 @@ def build_searcher(settings: SearcherRunSettings) -> Searcher:
         device,
         torch_dtype(settings.engine, device),
     )
-    engine = build_engine(settings)
+    engine = build_engine(settings, base_seed)
     weights_dir = Path(s.weights_dir)
     weights_dir.mkdir(parents=True, exist_ok=True)
     sync = WeightSync(
@@ -134,30 +182,32 @@ def build_searcher(settings: SearcherRunSettings) -> Searcher:
     metrics = SearcherMetrics(s.metrics_port, s.metrics_host)
     loop = SearcherLoop(
         settings=s,
-        searcher_id=s.id or default_searcher_id(),
-        buffer=client,
+        searcher_id=searcher_id,
+        buffer=RunBuffer(client, run.run_id),
         engine=engine,
         tokenizer=tokenizer,
         task=task,
         reference=reference,
         weights=sync,
         metrics=metrics,
+        stop=stop,
     )
-    return Searcher(loop, client, engine, metrics)
+    return Searcher(loop, client, engine, metrics, settings, run)
 
 
-def build_engine(settings: SearcherRunSettings) -> GenerationEngine:
-    seed = settings.searcher.seed
+def build_engine(settings: SearcherRunSettings, base_seed: int) -> GenerationEngine:
+    """The engine on the base model (`base_seed` builds `tiny`)."""
     if settings.engine.kind == "vllm":
         from tba.models.loading import materialize
         from tba.searcher.vllm_engine import VllmEngine
 
-        base_dir = materialize(settings.model, seed, Path(settings.searcher.weights_dir) / "base")
-        return VllmEngine(base_dir, settings.engine, seed)
+        base = Path(settings.searcher.weights_dir) / "base"
+        base_dir = materialize(settings.model, base_seed, base)
+        return VllmEngine(base_dir, settings.engine, settings.searcher.seed)
     from tba.models.loading import load_model
     from tba.searcher.hf_engine import TransformersEngine
 
-    tokenizer, model = load_model(settings.model, seed)
+    tokenizer, model = load_model(settings.model, base_seed)
     return TransformersEngine(model, tokenizer, settings.engine)
 
 
@@ -177,8 +227,8 @@ def default_searcher_id() -> str:
 
 
 def stop_on_signals(stop: threading.Event) -> None:
-    """SIGTERM and Ctrl-C let the round in progress finish (its trajectories are posted and
-    its lease acknowledged), then the loop ends and the process exits 0."""
+    """SIGTERM and Ctrl-C end the wait for a run, or let the round in progress finish (its
+    trajectories are posted and its lease acknowledged); then the process exits 0."""
 
     def handle(signum: int, frame: FrameType | None) -> None:
         log.info("signal %d: stopping after the round in progress", signum)

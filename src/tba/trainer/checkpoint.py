@@ -1,9 +1,10 @@
 """Checkpoints to resume training: engine state (model, optimizer, schedule), the loop's state
 (step, last published version, beta, RNG) and the reference copy after a reset.
 
-Layout: `DIR/step-00000042/{engine/, state.json, reference.pt}` and `DIR/LATEST` naming the
-newest complete one. A checkpoint is written under a `.partial-` name and renamed when
-complete, then LATEST is replaced, so a crash mid-save leaves the previous one in charge.
+Layout: `DIR/step-00000042/{engine/, state.json, reference.pt}`, `DIR/LATEST` naming the
+newest complete one and `DIR/RUN` the id of the run (docs/runs.md). A checkpoint is written
+under a `.partial-` name and renamed when complete, then LATEST is replaced, so a crash
+mid-save leaves the previous one in charge.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 import random
 import shutil
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from tba.trainer.engine import TrainEngine
 from tba.trainer.reference import ReferenceResets
 
 LATEST = "LATEST"
+RUN_FILE = "RUN"
 STATE_FILE = "state.json"
 REFERENCE_FILE = "reference.pt"
 _PARTIAL = ".partial-"
@@ -122,3 +125,18 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return [_jsonable(v) for v in value]
     return value
+
+
+def run_id_for(root: Path, resume: bool) -> str:
+    """The run this trainer belongs to, kept in `root/RUN` from registration on (before any
+    checkpoint, so a crash before the first one resumes the same run): the kept id when
+    resuming, else a new one (which replaces it)."""
+    path = root / RUN_FILE
+    if resume and path.is_file():
+        kept = path.read_text().strip()
+        if kept:
+            return kept
+    run_id = uuid.uuid4().hex
+    root.mkdir(parents=True, exist_ok=True)
+    _write_atomically(path, run_id)
+    return run_id

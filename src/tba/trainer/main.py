@@ -110,6 +110,7 @@ def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
     from tba.trainer.model import load_policy
     from tba.trainer.publish import StorePublisher
     from tba.trainer.reference import ReferenceResets
+    from tba.trainer.registration import register_run
 
     t = settings.trainer
     tokenizer, model = load_policy(settings.model, seed=t.seed)
@@ -133,6 +134,7 @@ def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
         log.info("resumed from %s at step %d", latest, state.step)
     if engine.rank == 0:
         client.wait_ready(settings.client.timeout_s)
+        register_run(settings, tokenizer, model.config, client)
         state.version = next_base_version(
             state.version, client.latest_weights(), read_latest(store)
         )

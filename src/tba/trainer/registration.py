@@ -1,0 +1,61 @@
+"""The trainer registers its run with the buffer (docs/runs.md): the identity every searcher
+must agree with, and the recipe searchers build the same task and model from."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tba.runs import (
+    Run,
+    RunIdentity,
+    RunRecipe,
+    canonical_json,
+    model_source_kind,
+    prompt_template_sha256,
+)
+
+if TYPE_CHECKING:
+    from tba.rpc.client import BufferClient
+    from tba.trainer.main import TrainerRunSettings
+
+log = logging.getLogger(__name__)
+
+
+def run_identity(settings: TrainerRunSettings, tokenizer: Any, model_config: Any) -> RunIdentity:
+    from tba.models.loading import base_weights_revision, tokenizer_sha256
+
+    model = settings.model
+    return RunIdentity(
+        model_source=model_source_kind(model.source, Path(model.source).is_dir()),
+        model_revision=base_weights_revision(model, settings.trainer.seed, model_config),
+        tokenizer_sha256=tokenizer_sha256(tokenizer),
+        task_name=settings.task.name,
+        prompt_template_sha256=prompt_template_sha256(settings.task),
+        temperature=settings.searcher.temperature,
+        max_new_tokens=settings.searcher.max_new_tokens,
+    )
+
+
+def run_recipe(settings: TrainerRunSettings) -> RunRecipe:
+    return RunRecipe(
+        task_json=canonical_json(settings.task.model_dump(mode="json")),
+        model_json=canonical_json(settings.model.model_dump(mode="json")),
+        model_seed=settings.trainer.seed,
+    )
+
+
+def register_run(
+    settings: TrainerRunSettings, tokenizer: Any, model_config: Any, client: BufferClient
+) -> Run:
+    """Registers this trainer's run (the one kept in the checkpoint folder when resuming, else
+    a new one); FailedPreconditionError naming what differs when the buffer holds another."""
+    from tba.trainer.checkpoint import run_id_for
+
+    checkpoint = settings.checkpoint
+    run_id = run_id_for(Path(checkpoint.dir), checkpoint.resume)
+    identity = run_identity(settings, tokenizer, model_config)
+    run = client.register_run(Run(run_id, identity, run_recipe(settings)))
+    log.info("run %s registered with the buffer: %s", run.run_id, run.identity)
+    return run
