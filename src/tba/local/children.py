@@ -71,6 +71,8 @@ def trainer_config(settings: LocalRunSettings, run_dir: Path, base: Path, addres
         "metrics": {"stdout": True, "jsonl_path": str(run_dir / "metrics" / "trainer.jsonl")},
         "objectstore": _objectstore(settings),
         "client": {"address": address},
+        "searcher": _dump(settings.searcher),
+        "task": _dump(settings.task),
     }
     return write_config(run_dir / "trainer.toml", sections)
 

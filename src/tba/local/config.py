@@ -1,10 +1,11 @@
 """Settings of `tba local`: `[local]` (the run), `[bootstrap]` (the demo's own base model), and
-the sections of the services it starts, with defaults tuned for the arithmetic demo on 2 CPU
-cores. Each child gets its sections as a TOML run config in the run directory."""
+the settings of the arithmetic demo on 2 CPU cores (`demo_sections`), which `tba local` runs
+when no run file is given (configs/arithmetic-demo.toml holds the same). Each child gets its
+sections as a TOML run config in the run directory."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -31,7 +32,8 @@ class LocalSettings(Section):
     model: str | None = Field(
         None,
         max_length=4096,
-        description="A base model directory; unset: the arithmetic demo's base (`base`).",
+        description="A base model directory; unset: `[model] source` (for arithmetic, "
+        "`tiny` means the demo's base, see `base`).",
     )
     base: Literal["committed", "bootstrap"] = Field(
         "committed",
@@ -102,6 +104,20 @@ class BootstrapSettings(Section):
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of weights and batches.")
 
 
+def demo_sections() -> dict[str, Any]:
+    """The demo's sections, as a run file would give them: the values its services' defaults
+    do not have."""
+    return {
+        "trainer": demo_trainer().model_dump(exclude_unset=True),
+        "optim": demo_optim().model_dump(exclude_unset=True),
+        "searcher": demo_searcher().model_dump(exclude_unset=True),
+        # Completions of a 2-digit sum repeat often: de-duplication would leave one copy of
+        # the right answer per prompt and starve the trainer of its reward signal. A recency
+        # window of one searcher round trains on the newest completions only.
+        "buffer": {"recency_window": 16, "dedup": False},
+    }
+
+
 def demo_trainer() -> TrainerSettings:
     return TrainerSettings(
         steps=3200,
@@ -120,7 +136,6 @@ def demo_trainer() -> TrainerSettings:
         importance_weights=True,
         recency_probability=0.95,
         micro_batch_size=128,
-        temperature=1.0,
         beta_start=0.1,
         beta_end=0.1,
         beta_anneal_steps=0,
@@ -137,6 +152,7 @@ def demo_searcher() -> SearcherSettings:
         prompts_per_round=16,
         samples_per_prompt=8,
         max_new_tokens=5,
+        # The run's one sampling temperature: the trainer divides logits by it too.
         temperature=1.0,
         drop_duplicates=False,
         # Rounds beyond one per version were never trained on (the trainer draws only the

@@ -1,27 +1,23 @@
 """`tba local`: the whole system on one machine, each service its own process.
 
 Buffer service (embedded store by default), one trainer and N searchers start together under
-one supervisor and stop together (Ctrl-C included). With no model given, the arithmetic task
-first pre-trains its own tiny base model. While the run goes, every new weight version is
-scored greedily on held-out prompts; at the end come a summary table, a PNG plot and JSONL
-metrics in the run directory.
+one supervisor and stop together (Ctrl-C included). The base model is `--model`, else
+`[model] source`; `tiny` is the committed demo base for arithmetic and a tiny model built from
+`[model]` for other tasks (whose task models set to `tiny` are built tiny too). While the run
+goes, every new weight version is scored greedily on held-out prompts; at the end come a
+summary table, a PNG plot and JSONL metrics in the run directory.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from pydantic import model_validator
 
 from tba.buffer.config import BufferSettings
 from tba.commandline import Flag
-from tba.local.config import (
-    BootstrapSettings,
-    LocalSettings,
-    demo_optim,
-    demo_searcher,
-    demo_trainer,
-)
+from tba.local.config import BootstrapSettings, LocalSettings, demo_sections
 from tba.models.config import ModelSettings
 from tba.objectstore.config import ObjectStoreSettings
 from tba.searcher.config import EngineSettings, SearcherSettings
@@ -34,21 +30,24 @@ log = logging.getLogger(__name__)
 
 
 class LocalRunSettings(CommandSettings):
+    """The services' own defaults, so that a run file means the same to `tba local` as to
+    each service; with no run file, the arithmetic demo's settings (`demo_sections`)."""
+
     local: LocalSettings = LocalSettings()
     bootstrap: BootstrapSettings = BootstrapSettings()
     task: TaskSettings = TaskSettings()
-    trainer: TrainerSettings = demo_trainer()
-    optim: OptimSettings = demo_optim()
-    searcher: SearcherSettings = demo_searcher()
+    trainer: TrainerSettings = TrainerSettings()
+    optim: OptimSettings = OptimSettings()
+    searcher: SearcherSettings = SearcherSettings()
     engine: EngineSettings = EngineSettings()
-    # Completions of a 2-digit sum repeat often: de-duplication would leave one copy of the
-    # right answer per prompt and starve the trainer of its reward signal. A recency window
-    # of one searcher round trains on the newest completions only.
-    buffer: BufferSettings = BufferSettings(
-        grpc_port=0, http_port=0, recency_window=16, dedup=False
-    )
+    # One machine's buffer, on ports free at the time (the children are told its address).
+    buffer: BufferSettings = BufferSettings(grpc_port=0, http_port=0)
     objectstore: ObjectStoreSettings = ObjectStoreSettings()
     model: ModelSettings = ModelSettings()
+
+    @classmethod
+    def without_run_file(cls) -> dict[str, Any]:
+        return demo_sections()
 
     @model_validator(mode="after")
     def _run_paths(self) -> LocalRunSettings:
@@ -66,7 +65,7 @@ FLAGS = (
     Flag("--store", "buffer.store", "the buffer's store: `memory` or redis://HOST:PORT/DB"),
     Flag("--objectstore", "objectstore.uri", "where weights go: file://PATH or s3://BUCKET/PREFIX"),
     Flag("--engine", "engine.kind", "searcher engine: `transformers` or `vllm`"),
-    Flag("--model", "local.model", "a base model directory (default: pre-train a tiny one)"),
+    Flag("--model", "local.model", "a base model directory (default: [model] source)"),
     Flag("--task", "task.name", "task name (default: arithmetic)"),
     Flag("--objective", "trainer.objective", "`tb` (default) or `rloo`"),
 )

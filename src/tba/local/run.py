@@ -16,6 +16,7 @@ from tba.local.main import LocalRunSettings
 from tba.local.progress import ProgressView
 from tba.local.report import plot, read_jsonl, summarize
 from tba.local.supervisor import Child, Supervisor
+from tba.local.tiny_models import TINY, tiny_policy, with_tiny_task_models
 from tba.tasks.base import Split, Task
 from tba.tasks.registry import build_task
 
@@ -32,6 +33,7 @@ RUN_OUTPUTS = (
     "eval.jsonl",
     "plot.png",
     "summary.json",
+    "tiny",
 )
 
 
@@ -58,6 +60,7 @@ class LocalRun:
         transformers_logging.disable_progress_bar()
         transformers_logging.set_verbosity_error()
         self._clear_previous_outputs()
+        with_tiny_task_models(self.settings.task, self.run_dir / "tiny")
         task = build_task(self.settings.task)
         base = self._base_model(task)
         evaluator = self._evaluator(task, base)
@@ -154,10 +157,13 @@ class LocalRun:
         local = self.settings.local
         if local.model:
             return Path(local.model)
+        source = self.settings.model.source
+        if source != TINY:
+            return Path(source)
         if task.name != "arithmetic":
-            raise SystemExit(
-                f"error: give --model for task {task.name!r} (only arithmetic has a base)"
-            )
+            # Trainer, searchers and evaluator must start from the same weights: one saved copy.
+            seed = self.settings.trainer.seed
+            return tiny_policy(self.settings.model, self.run_dir / "tiny" / "policy", seed)
         if local.base == "committed":
             if self.settings.bootstrap.model_fields_set:
                 raise SystemExit(

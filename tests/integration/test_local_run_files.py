@@ -1,0 +1,34 @@
+"""`tba local --config FILE` runs each CPU-sized run file of configs/ and the arithmetic demo on
+this machine: a few trainer steps, every service on the file's model and task."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.local_run import run_local
+
+REPO = Path(__file__).parents[2]
+RUN_FILES = ["gsm8k-rhomath-1b-cpu", "tldr-pythia-cpu", "redteam-gpt2-cpu", "arithmetic-demo"]
+STEPS = 3
+
+
+@pytest.mark.parametrize("name", RUN_FILES)
+def test_tba_local_runs_the_run_file(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(REPO)  # the files' data paths are relative to the repository
+    config = REPO / "configs" / f"{name}.toml"
+    result = run_local(
+        tmp_path / "run",
+        *("--config", str(config), "--steps", str(STEPS)),
+        *("--set", "local.eval_prompts=8"),
+    )
+    assert result.summary["steps"] == STEPS
+    task = tomllib.loads(config.read_text())["task"]["name"]
+    assert f"task {task}" in result.log("searcher-0")
+    trainer = tomllib.loads((result.run_dir / "trainer.toml").read_text())
+    searcher = tomllib.loads((result.run_dir / "searcher-0" / "searcher.toml").read_text())
+    assert trainer["model"]["source"] == searcher["model"]["source"]
+    assert trainer["task"] == searcher["task"]
+    assert trainer["searcher"]["temperature"] == searcher["searcher"]["temperature"]
