@@ -118,6 +118,7 @@ def trainer(
         "trainer.publish_every_steps": 2,
         "trainer.data_poll_s": 0.1,
         "trainer.device": "cpu",
+        "searcher.max_new_tokens": 4,  # the run's, which the searcher sets as well
         "optim.lr": 1e-3,
         "checkpoint.every_steps": 2,
         "metrics.stdout": "false",
@@ -214,6 +215,8 @@ def test_trainer_killed_9_resumes_its_checkpoint_and_never_reuses_a_version(
     gen.start()
     wait_for("version 3 announced", lambda: announced_version(client) >= 3, first, gen)
     first.kill()  # kill -9, between publishes or within one
+    run = client.stats().run
+    assert run is not None
     added_at_kill = added(client)
     store = FileStore(store_uri)
     before = versions_seen(client, store, tmp_path / "trainer-1.jsonl")
@@ -229,6 +232,8 @@ def test_trainer_killed_9_resumes_its_checkpoint_and_never_reuses_a_version(
     assert second.wait_exit() == 0, second.log()[-4000:]
 
     assert f"resumed from {tmp_path / 'ckpt' / checkpoint} at step {resumed_step}" in second.log()
+    assert f"run {run.run_id} registered with the buffer" in second.log()  # the same run
+    assert client.stats().run == run
     after = published_after_resume(tmp_path / "trainer-2.jsonl", resumed_step)
     assert after == [max(before) + 1, max(before) + 2], (before, after)
     latest = read_latest(store)

@@ -18,6 +18,7 @@ from pydantic import model_validator
 
 from tba.buffer.config import BufferClientSettings
 from tba.commandline import Flag
+from tba.errors import FailedPreconditionError
 from tba.models.config import ModelSettings
 from tba.objectstore.config import ObjectStoreSettings
 from tba.searcher.config import SearcherSettings
@@ -91,7 +92,10 @@ def run(settings: CommandSettings) -> None:
     import torch
 
     torch.manual_seed(settings.trainer.seed)
-    loop = build_loop(settings)
+    try:
+        loop = build_loop(settings)
+    except FailedPreconditionError as exc:
+        raise SystemExit(f"trainer refused by the buffer: {exc}") from exc
     try:
         state = loop.run()
         log.info("trainer done: step %d, weight version %d", state.step, state.version)
