@@ -44,6 +44,7 @@ from bench.common import Row, proc_stat
 from tba.buffer.config import BufferClientSettings
 from tba.models.config import ModelSettings
 from tba.objectstore.config import ObjectStoreSettings
+from tba.rpc.client import BufferClient
 from tba.searcher.config import EngineSettings, SearcherSettings
 from tba.searcher.engine import SamplingParams
 from tba.searcher.finish import ReferenceModel
@@ -52,6 +53,7 @@ from tba.tasks.base import Split
 from tba.tasks.config import TaskSettings
 from tba.tasks.registry import build_task
 from tests.fixtures.buffer_service import BufferProcess, start_buffer
+from tests.fixtures.runs import run_of
 
 TARGET_RATIO = 0.90
 LOOP_PHASES = ("weights_s", "lease_s", "generate_s", "wait_finish_s")
@@ -195,7 +197,12 @@ def _measure(kind: str, service: BufferProcess, root: Path, quick: bool) -> Tota
     settings = _settings(kind, service.address, root, quick)
     assert service.proc is not None
     cpu = functools.partial(tree_cpu_s, os.getpid(), service.proc.pid)
+    s = settings.searcher
+    run = run_of(settings.model, settings.task, s.temperature, s.max_new_tokens, seed=s.seed)
+    with BufferClient(settings.client) as client:
+        client.register_run(run)
     searcher = build_searcher(settings)
+    assert searcher is not None
     recorded = RecordedRounds(searcher.loop.metrics)
     searcher.loop.metrics = recorded
     searcher.loop.reference = CpuTimedReference(searcher.loop.reference)
