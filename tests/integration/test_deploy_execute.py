@@ -139,22 +139,52 @@ def tiny_gpu_run_file(gpu_run: Path, cpu_variant: Path, out: Path) -> Path:
     return out
 
 
-def test_compose_gpu4_profile_on_the_cpu_runs_one_run(compose: Compose, tmp_path: Path) -> None:
+def gpu_profile_on_the_cpu(
+    compose: Compose,
+    profile: str,
+    root: Path,
+    overrides: dict[tuple[str, ...], dict[str, str]] = CPU_INSTEAD_OF_GPU,
+) -> DeploymentHarness:
+    """The GPU profile's containers, with the override above; the tiny policy and the GSM8K
+    rows in the models volume (MODELS_DIR)."""
     run_file = tiny_gpu_run_file(
         ROOT / "configs/gsm8k-rhomath-1b.toml",
         ROOT / "configs/gsm8k-rhomath-1b-cpu.toml",
-        tmp_path / "run.toml",
+        root / "run.toml",
     )
-    project = compose.config("gpu4", TBA_RUN_FILE=str(run_file))
-    harness = DeploymentHarness(from_compose(project), tmp_path / "harness", CPU_INSTEAD_OF_GPU)
-    assert len(harness.deployment.containers) == 5  # buffer, trainer, three searchers
+    project = compose.config(profile, TBA_RUN_FILE=str(run_file))
+    harness = DeploymentHarness(from_compose(project), root / "harness", overrides)
     models = harness.folder("/models")
     save_causal_lm(models / "tiny-policy")
     (models / "gsm8k").mkdir()
     for split in ("train", "test"):
         lines = "".join(f"{json.dumps(row)}\n" for row in GSM8K_ROWS)
         (models / "gsm8k" / f"{split}.jsonl").write_text(lines)
+    return harness
+
+
+def test_compose_gpu4_profile_on_the_cpu_runs_one_run(compose: Compose, tmp_path: Path) -> None:
+    harness = gpu_profile_on_the_cpu(compose, "gpu4", tmp_path)
+    assert len(harness.deployment.containers) == 5  # buffer, trainer, three searchers
     with harness.running():
         stats = harness.wait_until(lambda: trained(harness), "a few steps end to end")
         check_searchers_run_the_run(harness)
     check_one_run(harness, stats)
+
+
+def test_compose_gpu_profile_refuses_a_searcher_of_another_model(
+    compose: Compose, tmp_path: Path
+) -> None:
+    """The mismatch of issue 15: a searcher set to the tiny default model while the run is
+    another model is refused, naming the field, instead of posting trajectories."""
+    searcher = {**CPU_INSTEAD_OF_GPU[SEARCHER], "TBA_MODEL__SOURCE": "tiny"}
+    overrides = {**CPU_INSTEAD_OF_GPU, SEARCHER: searcher}
+    harness = gpu_profile_on_the_cpu(compose, "gpu", tmp_path, overrides)
+    with harness.running():
+        with pytest.raises(AssertionError, match="searcher-1 exited 1"):
+            harness.wait_until(lambda: trained(harness), "a few steps end to end")
+        stats = harness.stats()
+    (refused,) = harness.of(SEARCHER)
+    assert "searcher refused by the buffer" in refused.log(), refused.log()[-3000:]
+    assert "model_source" in refused.log().split("searcher refused by the buffer")[1]
+    assert stats["trajectories"] == 0
