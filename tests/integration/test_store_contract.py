@@ -411,3 +411,13 @@ def test_untagged_trajectories_only_while_no_run_is_registered(make_store: MakeS
         assert counters.trajectories == 2 and counters.trajectories_added_total == 2
 
     run(make_store, scenario)
+
+
+def test_concurrent_registrations_agree_on_one_run(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        contenders = [a_run(f"r{i}") for i in range(8)]
+        registered = await asyncio.gather(*(store.register_run(r) for r in contenders))
+        assert len(set(registered)) == 1 and registered[0] in contenders
+        assert await store.current_run() == registered[0]
+
+    run(make_store, scenario)
