@@ -157,6 +157,8 @@ def describe_error(error: Any, prefix: tuple[str, ...] = ()) -> str:
     if not loc:
         return str(message)
     if len(loc) == 1:
+        if error["type"] == "extra_forbidden":
+            return f"[{loc[0]}]: unknown section"
         return f"[{loc[0]}]: {message}"
     return f"[{'.'.join(loc[:-1])}] {loc[-1]}: {message}"
 

@@ -178,3 +178,11 @@ def test_every_commands_sections_form_one_union():
     sections = run_sections()
     assert {"trainer", "searcher", "buffer", "local", "eval", "model", "task"} <= set(sections)
     assert sections["model"] is ModelSettings
+
+
+def test_flags_and_env_name_the_field_they_got_wrong():
+    done = run_tba("buffer", "serve", "--set", "bufer.capacity=3", "--print-config")
+    assert done.returncode != 0 and "[bufer]: unknown section" in done.stderr
+    done = run_tba("buffer", "serve", "--print-config", env={"TBA_BUFFER__CAPACITY": "-1"})
+    assert "[buffer] capacity: Input should be greater" in done.stderr
+    assert "Traceback" not in done.stderr
