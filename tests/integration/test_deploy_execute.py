@@ -144,16 +144,18 @@ def gpu_profile_on_the_cpu(
     profile: str,
     root: Path,
     overrides: dict[tuple[str, ...], dict[str, str]] = CPU_INSTEAD_OF_GPU,
+    named: list[str] | None = None,
 ) -> DeploymentHarness:
-    """The GPU profile's containers, with the override above; the tiny policy and the GSM8K
-    rows in the models volume (MODELS_DIR)."""
+    """The GPU profile's containers (the `named` services and their dependencies, when
+    given), with the override above; the tiny policy and the GSM8K rows in the models volume
+    (MODELS_DIR)."""
     run_file = tiny_gpu_run_file(
         ROOT / "configs/gsm8k-rhomath-1b.toml",
         ROOT / "configs/gsm8k-rhomath-1b-cpu.toml",
         root / "run.toml",
     )
     project = compose.config(profile, TBA_RUN_FILE=str(run_file))
-    harness = DeploymentHarness(from_compose(project), root / "harness", overrides)
+    harness = DeploymentHarness(from_compose(project, named), root / "harness", overrides)
     models = harness.folder("/models")
     save_causal_lm(models / "tiny-policy")
     (models / "gsm8k").mkdir()
@@ -188,3 +190,20 @@ def test_compose_gpu_profile_refuses_a_searcher_of_another_model(
     assert "searcher refused by the buffer" in refused.log(), refused.log()[-3000:]
     assert "model_source" in refused.log().split("searcher refused by the buffer")[1]
     assert stats["trajectories"] == 0
+
+
+def test_compose_gpu8_deepspeed_trainer_on_the_cpu_trains_with_two_ranks(
+    compose: Compose, tmp_path: Path
+) -> None:
+    """gpu8's trainer: DeepSpeed's launcher, two ranks (gloo on the CPU here), one run. One
+    of its searchers only (`docker compose up trainer-2gpu searcher-2`): this machine is
+    small."""
+    named = ["trainer-2gpu", "searcher-2"]
+    harness = gpu_profile_on_the_cpu(compose, "gpu8", tmp_path, named=named)
+    assert sorted(c.name for c in harness.deployment.containers) == ["buffer", *sorted(named)]
+    with harness.running():
+        stats = harness.wait_until(lambda: trained(harness), "a few steps end to end")
+        check_searchers_run_the_run(harness)
+    check_one_run(harness, stats)
+    (trainer,) = harness.of(TRAINER)
+    assert "dist_world_size=2" in trainer.log(), trainer.log()[-3000:]
