@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tba.buffer.config import BufferClientSettings
 from tba.commandline import Flag
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from tba.searcher.engine import GenerationEngine
     from tba.searcher.loop import SearcherLoop
     from tba.searcher.metrics import SearcherMetrics
+    from tba.searcher.reference import ReferenceScorer
+    from tba.searcher.weights import WeightSync
     from tba.tasks.base import Task
 
 HELP = "Generate and score completions of the buffer's prompts with the latest weights."
@@ -141,13 +143,9 @@ def _wire(
     stop: threading.Event,
 ) -> Searcher:
     from tba.models.loading import load_model
-    from tba.objectstore import open_store
-    from tba.searcher.hf_engine import torch_device, torch_dtype
     from tba.searcher.joining import RunBuffer, model_identity
     from tba.searcher.loop import SearcherLoop
     from tba.searcher.metrics import SearcherMetrics
-    from tba.searcher.reference import ReferenceScorer
-    from tba.searcher.weights import WeightSync
     from tba.tasks.registry import build_task
 
     s = settings.searcher
@@ -160,25 +158,7 @@ def _wire(
     log.info("joined run %s: task %s, model %s", run.run_id, task.name, settings.model.source)
     if s.seed_prompts:
         log.info("seeded %d new prompts of %s", seed_prompts(client, task), task.name)
-    device = torch_device(settings.engine)
-    reference = ReferenceScorer(
-        base,
-        tokenizer.pad_token_id,
-        s.temperature,
-        s.reference_batch_size,
-        device,
-        torch_dtype(settings.engine, device),
-    )
     engine = build_engine(settings, base_seed)
-    weights_dir = Path(s.weights_dir)
-    weights_dir.mkdir(parents=True, exist_ok=True)
-    sync = WeightSync(
-        client.latest_weights,
-        open_store(settings.objectstore),
-        engine,
-        weights_dir,
-        s.keep_weight_versions,
-    )
     metrics = SearcherMetrics(s.metrics_port, s.metrics_host)
     loop = SearcherLoop(
         settings=s,
@@ -187,12 +167,37 @@ def _wire(
         engine=engine,
         tokenizer=tokenizer,
         task=task,
-        reference=reference,
-        weights=sync,
+        reference=build_reference(settings, tokenizer, base),
+        weights=build_weight_sync(settings, client, engine),
         metrics=metrics,
         stop=stop,
     )
     return Searcher(loop, client, engine, metrics, settings, run)
+
+
+def build_reference(settings: SearcherRunSettings, tokenizer: Any, base: Any) -> ReferenceScorer:
+    from tba.searcher.hf_engine import torch_device, torch_dtype
+    from tba.searcher.reference import ReferenceScorer
+
+    s = settings.searcher
+    device = torch_device(settings.engine)
+    dtype = torch_dtype(settings.engine, device)
+    return ReferenceScorer(
+        base, tokenizer.pad_token_id, s.temperature, s.reference_batch_size, device, dtype
+    )
+
+
+def build_weight_sync(
+    settings: SearcherRunSettings, client: BufferClient, engine: GenerationEngine
+) -> WeightSync:
+    from tba.objectstore import open_store
+    from tba.searcher.weights import WeightSync
+
+    s = settings.searcher
+    weights_dir = Path(s.weights_dir)
+    weights_dir.mkdir(parents=True, exist_ok=True)
+    store = open_store(settings.objectstore)
+    return WeightSync(client.latest_weights, store, engine, weights_dir, s.keep_weight_versions)
 
 
 def build_engine(settings: SearcherRunSettings, base_seed: int) -> GenerationEngine:
