@@ -14,6 +14,7 @@ from tba.tasks.config import TaskSettings
 
 # `gpt2`, `openai/gsm8k`, `realtreetune/rho-1b-sft-GSM8K`: what a hub id looks like.
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+TINY = "tiny"
 # Fields of each task section naming a model that the task loads.
 TASK_MODELS = {
     "preference": (("reward_model", True), ("gold_reward_model", False)),
@@ -35,10 +36,11 @@ def check_inputs(settings: Any, where: str) -> None:
         check_model(local.model, where, "[local] model")
     task = getattr(settings, "task", None)
     if isinstance(task, TaskSettings):
-        check_task(task, where)
+        # `tba local` builds the task's models set to `tiny`; a service alone cannot.
+        check_task(task, where, tiny_task_models=local is not None)
 
 
-def check_task(task: TaskSettings, where: str) -> None:
+def check_task(task: TaskSettings, where: str, tiny_task_models: bool = False) -> None:
     from tba.tasks.registry import BUILDERS
 
     if task.name not in BUILDERS:
@@ -57,6 +59,11 @@ def check_task(task: TaskSettings, where: str) -> None:
         value = getattr(section, field)
         if value is None and required:
             raise InputError(f"{where}: [task.{task.name}] {field}: required by task {task.name}")
+        if value == TINY and not tiny_task_models:
+            raise InputError(
+                f"{where}: [task.{task.name}] {field}: `tiny` task models are built by "
+                "`tba local` only; give a model directory or hub id"
+            )
         if value is not None:
             check_model(value, where, f"[task.{task.name}] {field}")
 

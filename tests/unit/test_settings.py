@@ -157,6 +157,10 @@ def test_tba_config_names_the_run_file_when_no_flag_does(tmp_path):
             "[task.gsm8k] source: '/no/such/gsm8k' does not exist",
         ),
         ("[task]\nname = 'redteam'\n", "[task.redteam] victim_model: required"),
+        (
+            "[task]\nname = 'preference'\n[task.preference]\nreward_model = 'tiny'\n",
+            "[task.preference] reward_model: `tiny` task models are built by `tba local` only",
+        ),
     ],
 )
 def test_a_model_or_task_that_cannot_load_is_refused_before_anything_starts(tmp_path, text, named):

@@ -10,10 +10,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from tba.inputs import TINY
 from tba.models.config import ModelSettings
 from tba.tasks.config import TaskSettings
 
-TINY = "tiny"
 TASK_MODEL_WIDTH = 32
 TASK_MODEL_POSITIONS = 1024
 
