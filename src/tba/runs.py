@@ -83,6 +83,24 @@ def model_source_kind(source: str, is_directory: bool) -> str:
     return "local" if is_directory else source
 
 
+def generation_identity(task: TaskSettings, temperature: float, max_new_tokens: int) -> RunIdentity:
+    """The identity fields settings alone give: what is known before loading a model."""
+    return RunIdentity(
+        task_name=task.name,
+        prompt_template_sha256=prompt_template_sha256(task),
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+    )
+
+
+def combined(*parts: RunIdentity) -> RunIdentity:
+    """One identity from parts that each know some of its fields (later parts win)."""
+    values: dict[str, Any] = {}
+    for part in parts:
+        values.update({n: getattr(part, n) for n in IDENTITY_FIELDS if _known(getattr(part, n))})
+    return RunIdentity(**values)
+
+
 def _known(value: object) -> bool:
     return value not in ("", 0, 0.0)
 

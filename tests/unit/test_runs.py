@@ -14,7 +14,9 @@ from tba.runs import (
     check_joins,
     check_registers,
     check_tagged,
+    combined,
     differences,
+    generation_identity,
     prompt_template_sha256,
 )
 from tba.tasks.config import Gsm8kSettings, TaskSettings
@@ -82,3 +84,13 @@ def test_the_prompt_template_hash_follows_the_prompt_shaping_settings_only() -> 
     assert prompt_template_sha256(gsm8k) != prompt_template_sha256(other_template)
     assert prompt_template_sha256(gsm8k) != prompt_template_sha256(TaskSettings())
     assert len(prompt_template_sha256(TaskSettings(name="unknown"))) == 64
+
+
+def test_an_identity_combines_from_the_parts_that_know_its_fields() -> None:
+    model = RunIdentity(model_source="tiny", model_revision="sha256:0", tokenizer_sha256="t")
+    task = TaskSettings(name="gsm8k")
+    generation = generation_identity(task, 0.7, 32)
+    whole = combined(model, generation)
+    assert (whole.model_source, whole.task_name, whole.max_new_tokens) == ("tiny", "gsm8k", 32)
+    assert whole.prompt_template_sha256 == prompt_template_sha256(task)
+    assert combined(whole, RunIdentity(temperature=1.0)).temperature == 1.0

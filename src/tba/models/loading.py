@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from tba.models.config import ModelSettings
+from tba.runs import RunIdentity, model_source_kind
 
 
 def load_model(settings: ModelSettings, seed: int = 0) -> tuple[Any, Any]:
@@ -65,6 +66,17 @@ def tokenizer_sha256(tokenizer: Any) -> str:
     }
     text = json.dumps(content, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def model_identity(
+    settings: ModelSettings, seed: int, tokenizer: Any, model_config: Any
+) -> RunIdentity:
+    """The run identity's model fields: source, base weights and tokenizer."""
+    return RunIdentity(
+        model_source=model_source_kind(settings.source, Path(settings.source).is_dir()),
+        model_revision=base_weights_revision(settings, seed, model_config),
+        tokenizer_sha256=tokenizer_sha256(tokenizer),
+    )
 
 
 def base_weights_revision(settings: ModelSettings, seed: int, model_config: Any) -> str:

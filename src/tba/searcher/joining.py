@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, PrivateAttr, model_validator
@@ -21,7 +20,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from tba.domain import AddResult, Lease, Trajectory
 from tba.models.config import ModelSettings
-from tba.runs import Run, RunIdentity, model_source_kind, prompt_template_sha256
+from tba.runs import Run, RunIdentity, combined, generation_identity
 from tba.tasks.config import TaskSettings
 
 if TYPE_CHECKING:
@@ -139,31 +138,18 @@ def adopt_run(settings: SearcherRunSettings, run: Run) -> SearcherRunSettings:
 
 def settings_identity(settings: SearcherRunSettings) -> RunIdentity:
     """The identity fields known before the model is loaded."""
-    return RunIdentity(
-        task_name=settings.task.name,
-        prompt_template_sha256=prompt_template_sha256(settings.task),
-        temperature=settings.searcher.temperature,
-        max_new_tokens=settings.searcher.max_new_tokens,
-    )
+    s = settings.searcher
+    return generation_identity(settings.task, s.temperature, s.max_new_tokens)
 
 
 def model_identity(
     settings: SearcherRunSettings, tokenizer: Any, model_config: Any, base_seed: int
 ) -> RunIdentity:
     """The whole identity, once the base model is loaded."""
-    from tba.models.loading import base_weights_revision, tokenizer_sha256
+    from tba.models import loading
 
-    source = settings.model.source
-    known = settings_identity(settings)
-    return RunIdentity(
-        model_source=model_source_kind(source, Path(source).is_dir()),
-        model_revision=base_weights_revision(settings.model, base_seed, model_config),
-        tokenizer_sha256=tokenizer_sha256(tokenizer),
-        task_name=known.task_name,
-        prompt_template_sha256=known.prompt_template_sha256,
-        temperature=known.temperature,
-        max_new_tokens=known.max_new_tokens,
-    )
+    model = loading.model_identity(settings.model, base_seed, tokenizer, model_config)
+    return combined(model, settings_identity(settings))
 
 
 def wait_for_run(

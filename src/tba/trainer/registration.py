@@ -7,14 +7,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tba.runs import (
-    Run,
-    RunIdentity,
-    RunRecipe,
-    canonical_json,
-    model_source_kind,
-    prompt_template_sha256,
-)
+from tba.runs import Run, RunIdentity, RunRecipe, canonical_json, combined, generation_identity
 
 if TYPE_CHECKING:
     from tba.rpc.client import BufferClient
@@ -24,17 +17,12 @@ log = logging.getLogger(__name__)
 
 
 def run_identity(settings: TrainerRunSettings, tokenizer: Any, model_config: Any) -> RunIdentity:
-    from tba.models.loading import base_weights_revision, tokenizer_sha256
+    from tba.models.loading import model_identity
 
-    model = settings.model
-    return RunIdentity(
-        model_source=model_source_kind(model.source, Path(model.source).is_dir()),
-        model_revision=base_weights_revision(model, settings.trainer.seed, model_config),
-        tokenizer_sha256=tokenizer_sha256(tokenizer),
-        task_name=settings.task.name,
-        prompt_template_sha256=prompt_template_sha256(settings.task),
-        temperature=settings.searcher.temperature,
-        max_new_tokens=settings.searcher.max_new_tokens,
+    generation = settings.searcher
+    return combined(
+        model_identity(settings.model, settings.trainer.seed, tokenizer, model_config),
+        generation_identity(settings.task, generation.temperature, generation.max_new_tokens),
     )
 
 
