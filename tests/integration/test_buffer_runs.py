@@ -70,6 +70,10 @@ def test_contradicting_runs_and_searchers_are_refused_naming_the_field(service):
             resumed = dataclasses.replace(IDENTITY, tokenizer_sha256="c" * 64)
             client.register_run(Run("run-1", resumed))
         assert client.stats().run is not None and client.stats().run.identity == IDENTITY
+    log = service.log_path.read_text()
+    assert "run run-1 registered: RunIdentity(model_source='tiny'" in log
+    assert "refused a searcher: searcher s1 contradicts the buffer's run run-1" in log
+    assert "refused a trainer's run: the buffer holds run run-1" in log
 
 
 def test_trajectories_are_tagged_with_the_registered_run(service):
