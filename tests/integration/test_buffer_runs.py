@@ -56,6 +56,9 @@ def test_a_run_is_registered_once_and_joined(service):
         assert stats["run"]["run_id"] == "run-1"
         assert stats["run"]["identity"]["task_name"] == "arithmetic"
         assert stats["run"]["task"] == {"name": "arithmetic"}
+        metrics = httpx.get(f"{service.http_url}/metrics", timeout=10).text
+        assert 'tba_buffer_run_info{model_revision="sha256:' in metrics
+        assert 'run_id="run-1",task="arithmetic"} 1.0' in metrics
 
 
 def test_contradicting_runs_and_searchers_are_refused_naming_the_field(service):

@@ -62,6 +62,15 @@ class _SnapshotCollector:
         for low, high, count in zip(edges, edges[1:], s.reward_histogram_counts, strict=False):
             histogram.add_metric([f"{low:g}", f"{high:g}"], count)
         yield histogram
+        run = GaugeMetricFamily(
+            "tba_buffer_run_info",
+            "1 for the registered run (none while no trainer has registered one).",
+            labels=["run_id", "task", "model_source", "model_revision"],
+        )
+        if s.run is not None:
+            i = s.run.identity
+            run.add_metric([s.run.run_id, i.task_name, i.model_source, i.model_revision], 1)
+        yield run
 
 
 def render(stats: BufferStats) -> bytes:
