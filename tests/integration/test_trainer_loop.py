@@ -24,6 +24,7 @@ from tba.trainer.loop import DataTimeoutError, TrainerLoop
 from tba.trainer.loss import TrajectoryBalance
 from tba.trainer.metrics import JsonlSink
 from tba.trainer.model import load_policy
+from tba.trainer.optim import RewardDecay
 from tba.trainer.publish import StorePublisher
 from tba.trainer.reference import ReferenceResets
 
@@ -126,7 +127,13 @@ def pool() -> dict[str, list[Trajectory]]:
     return sample_pool(prompts=4, per_prompt=6)
 
 
-def make_loop(tmp_path: Path, source: Any, announced: list, **overrides: Any) -> TrainerLoop:
+def make_loop(
+    tmp_path: Path,
+    source: Any,
+    announced: list,
+    optim: OptimSettings | None = None,
+    **overrides: Any,
+) -> TrainerLoop:
     settings = TrainerSettings(
         **{
             "steps": 5,
@@ -143,8 +150,9 @@ def make_loop(tmp_path: Path, source: Any, announced: list, **overrides: Any) ->
         }
     )
     tokenizer, model = load_policy(MODEL, seed=0)
-    optim = OptimSettings(lr=1e-3, schedule="cosine", warmup_steps=1)
-    engine = LocalEngine(model, optim, settings.steps)
+    optim = optim or OptimSettings(lr=1e-3, schedule="cosine", warmup_steps=1)
+    reward_decay = RewardDecay(optim) if optim.decay_by == "reward" else None
+    engine = LocalEngine(model, optim, settings.steps, reward_decay=reward_decay)
     store = FileStore(f"file://{tmp_path / 'store'}")
     reference = ReferenceResets(
         settings.reference_reset_steps, TEMPERATURE, tokenizer.pad_token_id, 5
@@ -163,6 +171,7 @@ def make_loop(tmp_path: Path, source: Any, announced: list, **overrides: Any) ->
         temperature=TEMPERATURE,
         checkpointer=Checkpointer(tmp_path / "ckpt", 2, engine),
         checkpoint_every_steps=2,
+        reward_decay=reward_decay,
     )
 
 
@@ -249,3 +258,22 @@ def test_loop_state_survives_a_checkpoint(tmp_path, pool):
         6,
         0.25,
     )
+
+
+def test_a_schedule_decaying_by_reward_follows_the_batches_and_is_checkpointed(tmp_path, pool):
+    # Every reward is >= 0, past `reward_decay_to`: the first batch ends the decay.
+    optim = OptimSettings(
+        lr=1e-3,
+        schedule="cosine",
+        decay_by="reward",
+        reward_decay_from=-1.0,
+        reward_decay_to=-0.5,
+        min_lr_ratio=0.1,
+    )
+    loop = make_loop(tmp_path, SelfSampledSource(pool), [], optim=optim, steps=2)
+    rates = [loop.train_step()["trainer/lr"] for _ in range(2)]
+    assert rates == pytest.approx([1e-3, 1e-4])
+    assert loop.state.reward_decay["progress"] == 1.0
+    assert loop.checkpointer is not None
+    path = loop.checkpointer.save(loop.state, loop.reference)
+    assert loop.checkpointer.load(path, loop.reference).reward_decay["progress"] == 1.0

@@ -40,6 +40,7 @@ class LoopState:
     published_step: int = -1  # step whose weights that version holds
     beta: float = 0.0
     rng: dict[str, Any] = field(default_factory=dict)
+    reward_decay: dict[str, float] = field(default_factory=dict)  # RewardDecay.state
 
 
 def capture_rng() -> dict[str, Any]:

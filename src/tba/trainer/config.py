@@ -140,9 +140,37 @@ class OptimSettings(Section):
     min_lr_ratio: float = Field(
         0.0, ge=0.0, le=1.0, description="Final learning rate of `cosine`/`wsd`, times `lr`."
     )
+    decay_by: Literal["steps", "reward"] = Field(
+        "steps",
+        description="What the `cosine` decay follows. `steps`: `decay_steps`. `reward`: the "
+        "trained batches' mean reward (averaged over `reward_average_steps`) as it climbs from "
+        "`reward_decay_from` to `reward_decay_to`, so a run that learns slowly keeps its peak "
+        "rate until it improves; the rate never rises again.",
+    )
+    reward_decay_from: float = Field(
+        0.6, ge=-1e6, le=1e6, description="`decay_by = reward`: mean reward where decay starts."
+    )
+    reward_decay_to: float = Field(
+        0.9, ge=-1e6, le=1e6, description="`decay_by = reward`: mean reward of `min_lr_ratio`."
+    )
+    reward_average_steps: int = Field(
+        50,
+        ge=1,
+        le=1_000_000,
+        description="`decay_by = reward`: steps the reward mean is averaged over (exponential).",
+    )
     max_grad_norm: float = Field(
         1.0, ge=0.0, le=1e6, description="Clip the global gradient norm to this; 0 off."
     )
+
+    @model_validator(mode="after")
+    def _check_reward_decay(self) -> OptimSettings:
+        if self.decay_by == "reward":
+            if self.schedule != "cosine":
+                raise ValueError("decay_by = reward needs schedule = cosine")
+            if self.reward_decay_from >= self.reward_decay_to:
+                raise ValueError("reward_decay_from must be below reward_decay_to")
+        return self
 
 
 class CheckpointSettings(Section):

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from tba.trainer.config import OptimSettings
-from tba.trainer.optim import build_optimizer, build_scheduler
+from tba.trainer.optim import RewardDecay, build_optimizer, build_scheduler
 
 T = TypeVar("T")
 _TAG = "engine"
@@ -34,6 +34,7 @@ class DeepSpeedEngine:
         micro_batch_size: int,
         bf16: bool = False,
         comm_backend: str = "auto",
+        reward_decay: RewardDecay | None = None,
     ) -> None:
         backend = comm_backend
         if backend == "auto":
@@ -44,7 +45,7 @@ class DeepSpeedEngine:
         self.zero_stage = zero_stage
         self._model = model
         optimizer = build_optimizer(model.parameters(), optim)
-        scheduler = build_scheduler(optimizer, optim, total_steps)
+        scheduler = build_scheduler(optimizer, optim, total_steps, reward_decay)
         self.engine, _, _, _ = deepspeed.initialize(
             model=model,
             optimizer=optimizer,

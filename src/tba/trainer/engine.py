@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from tba.trainer.config import OptimSettings
-from tba.trainer.optim import build_optimizer, build_scheduler
+from tba.trainer.optim import RewardDecay, build_optimizer, build_scheduler
 
 T = TypeVar("T")
 ENGINE_FILE = "engine.pt"
@@ -88,10 +88,11 @@ class LocalEngine:
         total_steps: int,
         bf16: bool = False,
         device: torch.device | None = None,
+        reward_decay: RewardDecay | None = None,
     ) -> None:
         self._model = model.to(device or torch.device("cpu"))
         self.optimizer = build_optimizer(self._model.parameters(), optim)
-        self.scheduler = build_scheduler(self.optimizer, optim, total_steps)
+        self.scheduler = build_scheduler(self.optimizer, optim, total_steps, reward_decay)
         self.max_grad_norm = optim.max_grad_norm
         self.bf16 = bf16
 

@@ -22,6 +22,7 @@ from tba.trainer.config import TrainerSettings
 from tba.trainer.engine import TrainEngine
 from tba.trainer.loss import Objective, beta_at
 from tba.trainer.metrics import MetricsSink
+from tba.trainer.optim import RewardDecay
 from tba.trainer.reference import ReferenceResets
 from tba.trainer.step import StepResult, accumulate_gradients, plan_layout, policy_logprob_fn
 
@@ -71,6 +72,8 @@ class TrainerLoop:
     checkpoint_every_steps: int = 0
     log_every_steps: int = 1
     state: LoopState = field(default_factory=LoopState)
+    # The schedule's progress when it decays by reward (the engine's scheduler reads it).
+    reward_decay: RewardDecay | None = None
 
     def run(self) -> LoopState:
         """Trains until `settings.steps`; publishes and checkpoints the final state."""
@@ -97,6 +100,10 @@ class TrainerLoop:
         train = self.reference.relabel(collate(batch))
         lr = self.engine.lr()
         result = self._gradients(train, beta)
+        if self.reward_decay is not None:
+            # Before the step, whose schedule update sets the next step's rate from it.
+            self.reward_decay.observe(float(train.inputs.reward.mean()))
+            self.state.reward_decay = self.reward_decay.state
         grad_norm = self.engine.step()
         self.state.step += 1
         self.state.beta = beta

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from tba.trainer.engine import TrainEngine
     from tba.trainer.loop import TrainerLoop
     from tba.trainer.loss import Objective
+    from tba.trainer.optim import RewardDecay
 
 HELP = "Train the policy with Trajectory Balance on batches from the buffer; publish weights."
 log = logging.getLogger(__name__)
@@ -112,13 +113,15 @@ def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
     from tba.trainer.loop import TrainerLoop
     from tba.trainer.metrics import build_sinks
     from tba.trainer.model import load_policy
+    from tba.trainer.optim import RewardDecay
     from tba.trainer.publish import StorePublisher
     from tba.trainer.reference import ReferenceResets
     from tba.trainer.registration import register_run
 
     t = settings.trainer
     tokenizer, model = load_policy(settings.model, seed=t.seed)
-    engine = build_engine(model, settings)
+    reward_decay = RewardDecay(settings.optim) if settings.optim.decay_by == "reward" else None
+    engine = build_engine(model, settings, reward_decay)
     client = BufferClient(settings.client)
     store = open_store(settings.objectstore)
     reference = ReferenceResets(
@@ -136,6 +139,8 @@ def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
     if latest is not None:
         state = checkpointer.load(latest, reference)
         log.info("resumed from %s at step %d", latest, state.step)
+        if reward_decay is not None:
+            reward_decay.state = dict(state.reward_decay)
     if engine.rank == 0:
         client.wait_ready(settings.client.timeout_s)
         register_run(settings, tokenizer, model.config, client)
@@ -165,6 +170,7 @@ def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
         checkpoint_every_steps=settings.checkpoint.every_steps,
         log_every_steps=settings.metrics.log_every_steps,
         state=state,
+        reward_decay=reward_decay,
     )
 
 
@@ -184,7 +190,9 @@ def build_objective(t: TrainerSettings) -> Objective:
     return Rloo(clip) if t.objective == "rloo" else TrajectoryBalance(clip)
 
 
-def build_engine(model: Any, settings: TrainerRunSettings) -> TrainEngine:
+def build_engine(
+    model: Any, settings: TrainerRunSettings, reward_decay: RewardDecay | None = None
+) -> TrainEngine:
     import os
 
     from tba.trainer.engine import LocalEngine, pick_device
@@ -203,6 +211,7 @@ def build_engine(model: Any, settings: TrainerRunSettings) -> TrainEngine:
             settings.trainer.micro_batch_size,
             bf16=bf16,
             comm_backend=settings.distributed.comm_backend,
+            reward_decay=reward_decay,
         )
     device = pick_device(settings.trainer.device)
-    return LocalEngine(model, settings.optim, settings.trainer.steps, bf16=bf16, device=device)
+    return LocalEngine(model, settings.optim, settings.trainer.steps, bf16, device, reward_decay)
