@@ -59,6 +59,13 @@ class LocalSettings(Section):
         "run, so that measuring takes CPU the trainer and searchers leave over (a point's "
         "time is its version's publication, however late it is scored).",
     )
+    stop_at_accuracy: float = Field(
+        0.9,
+        ge=0.0,
+        le=1.0,
+        description="End the run at the first evaluation whose held-out accuracy reaches this "
+        "(0: always run all `trainer.steps`).",
+    )
     progress: bool = Field(True, description="Show a live progress bar.")
     start_timeout_s: float = Field(
         300.0, gt=0.0, le=3600.0, description="Longest wait for a service to become ready."

@@ -95,7 +95,7 @@ class LocalRun:
         trainer_log = self.run_dir / "metrics" / "trainer.jsonl"
         with ProgressView(self.settings.trainer.steps, self.settings.local.progress) as view:
             last_eval_s = 0.0
-            while trainer.proc.poll() is None:
+            while trainer.proc.poll() is None and not self._target_reached(evaluator):
                 self._check_children(supervisor)
                 if time.monotonic() - last_eval_s >= self.settings.local.eval_interval_s:
                     last_eval_s = time.monotonic()
@@ -107,6 +107,13 @@ class LocalRun:
             rows = read_jsonl(trainer_log)
             view.update(rows[-1:], evaluator.points)
         return int(rows[-1]["step"]) if rows else 0
+
+    def _target_reached(self, evaluator: Evaluator) -> bool:
+        target = self.settings.local.stop_at_accuracy
+        reached = target > 0 and any(p.accuracy >= target for p in evaluator.points)
+        if reached:
+            print(f"held-out accuracy reached {target}: stopping every service")
+        return reached
 
     def _start_buffer(self, supervisor: Supervisor) -> str:
         config = children.buffer_config(self.settings, self.run_dir)
