@@ -5,14 +5,10 @@ count (a system that stopped learning stays near the base)."""
 from tests.fixtures.local_run import run_local
 
 STEPS = 500
-# The demo's schedule, compressed into the test's steps (it decays over 2,500 by default).
-DECAY = ("--set", "optim.decay_steps=400")
 
 
 def test_demo_learns_arithmetic(tmp_path, demo_base_model):
-    result = run_local(
-        tmp_path / "run", "--model", str(demo_base_model), "--steps", str(STEPS), *DECAY
-    )
+    result = run_local(tmp_path / "run", "--model", str(demo_base_model), "--steps", str(STEPS))
     summary = result.summary
     assert summary["steps"] == STEPS
     points = result.evaluations()
