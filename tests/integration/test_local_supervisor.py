@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tba.local.supervisor import Supervisor
+from tests.fixtures.local_run import run_local
 
 
 def _alive(pid: int) -> bool:
@@ -54,3 +55,14 @@ def test_a_stop_signal_stops_every_service(tmp_path, demo_base_model, signum):
     assert proc.returncode == 0, output
     assert "interrupted: stopping every service" in output
     assert not [pid for pid in pids if _alive(pid)], output
+
+
+def test_the_run_stops_once_held_out_accuracy_reaches_its_target(tmp_path, demo_base_model):
+    # The base itself (0.44) is past a target of 0.05: the run ends at its first evaluation.
+    result = run_local(
+        tmp_path / "run",
+        *("--model", str(demo_base_model), "--steps", "100000"),
+        *("--set", "local.stop_at_accuracy=0.05"),
+    )
+    assert "held-out accuracy reached 0.05: stopping every service" in result.output
+    assert result.summary["steps"] < 100000
