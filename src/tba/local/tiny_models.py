@@ -61,30 +61,11 @@ def _causal_lm(directory: Path) -> Path:
 
 def _classifier(directory: Path, labels: list[str]) -> Path:
     """A tiny GPT-2 sequence classifier with `labels` (one label: a reward model)."""
-    import torch
-    from transformers import GPT2Config, GPT2ForSequenceClassification
-
-    from tba.models.tiny import build_tiny_tokenizer
+    from tba.models.tiny import build_tiny_classifier, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
-    # Label fields are PretrainedConfig's keyword arguments, not GPT2Config's own.
-    label_fields: dict[str, Any] = {
-        "id2label": dict(enumerate(labels)),
-        "label2id": {name: i for i, name in enumerate(labels)},
-    }
-    config = GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=TASK_MODEL_POSITIONS,
-        n_embd=TASK_MODEL_WIDTH,
-        n_layer=2,
-        n_head=2,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **label_fields,
-    )
-    torch.manual_seed(0)
-    return _save(directory, tokenizer, GPT2ForSequenceClassification(config))
+    model = build_tiny_classifier(tokenizer, labels, TASK_MODEL_WIDTH, TASK_MODEL_POSITIONS)
+    return _save(directory, tokenizer, model)
 
 
 def _save(directory: Path, tokenizer: Any, model: Any) -> Path:

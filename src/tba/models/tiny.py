@@ -70,3 +70,37 @@ def build_tiny_model(
     )
     torch.manual_seed(seed)
     return GPT2LMHeadModel(config)
+
+
+def build_tiny_classifier(
+    tokenizer: Any, labels: list[str], n_embd: int = 32, n_positions: int = 128, seed: int = 0
+) -> Any:
+    """A randomly initialised 2-layer `GPT2ForSequenceClassification` with `labels` (one
+    label: a reward model) on `tokenizer`'s special token ids."""
+    import torch
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    # Label fields are PretrainedConfig's keyword arguments, not GPT2Config's own.
+    label_fields: dict[str, Any] = {
+        "id2label": dict(enumerate(labels)),
+        "label2id": {name: i for i, name in enumerate(labels)},
+    }
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=n_positions,
+        n_embd=n_embd,
+        n_layer=2,
+        n_head=2,
+        **label_fields,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    torch.manual_seed(seed)
+    model = GPT2ForSequenceClassification(config)
+    # A larger score head than GPT-2's init spreads scores enough to rank texts apart.
+    torch.nn.init.normal_(model.score.weight, std=1.0)
+    return model
