@@ -75,8 +75,13 @@ class LocalRun:
         try:
             steps = self._serve(supervisor, base, evaluator, started_at_s)
         except KeyboardInterrupt:
-            print("interrupted: stopping every service")
+            print("interrupted")
         finally:
+            # A stop signal that arrives now (a second Ctrl-C, or a caller's SIGTERM racing
+            # the run's own stop at its target) would abandon the orderly stop half-way.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            print("stopping every service", flush=True)
             supervisor.stop_all()
         self._report(evaluator, steps, time.time() - started_at_s, started_at_s)
 
@@ -112,7 +117,7 @@ class LocalRun:
         target = self.settings.local.stop_at_accuracy
         reached = target > 0 and any(p.accuracy >= target for p in evaluator.points)
         if reached:
-            print(f"held-out accuracy reached {target}: stopping every service")
+            print(f"held-out accuracy reached {target}")
         return reached
 
     def _start_buffer(self, supervisor: Supervisor) -> str:
