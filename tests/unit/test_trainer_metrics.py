@@ -1,7 +1,7 @@
 import io
 import json
 
-from tba.trainer.metrics import FanOut, JsonlSink, StdoutSink, prometheus_name
+from tba.trainer.metrics import FanOut, JsonlSink, StdoutSink
 
 
 def test_jsonl_and_stdout_sinks(tmp_path):
@@ -18,8 +18,3 @@ def test_jsonl_and_stdout_sinks(tmp_path):
         {"step": 2, "time_s": 7.5, "trainer/loss": 0.125},
     ]
     assert stream.getvalue().splitlines()[0] == "step 1 trainer/loss=0.5 time/compute_s=0.25"
-
-
-def test_prometheus_names():
-    assert prometheus_name("trainer/grad_norm") == "tba_trainer_grad_norm"
-    assert prometheus_name("time/wait_data_s") == "tba_time_wait_data_s"

@@ -7,22 +7,19 @@ seconds."""
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 
 import prometheus_client
 
+from tba.prometheus import LatestGauges, MetricsServer
+
 log = logging.getLogger(__name__)
-
-
-def prometheus_name(key: str) -> str:
-    return "tba_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
 
 
 class SearcherMetrics:
     def __init__(self, port: int | None = None, host: str = "127.0.0.1") -> None:
         self.registry = prometheus_client.CollectorRegistry()
-        self._gauges: dict[str, prometheus_client.Gauge] = {}
+        self._gauges = LatestGauges(self.registry)
         self._rounds = prometheus_client.Counter(
             "tba_searcher_rounds", "Rounds done.", registry=self.registry
         )
@@ -34,13 +31,8 @@ class SearcherMetrics:
             "Seconds from seeing a newer weight version to generating with it.",
             registry=self.registry,
         )
-        self.server = None
-        self.port: int | None = None
-        if port is not None:
-            self.server, _ = prometheus_client.start_http_server(
-                port, addr=host, registry=self.registry
-            )
-            self.port = int(self.server.server_address[1])
+        self.server = None if port is None else MetricsServer(self.registry, port, host)
+        self.port = None if self.server is None else self.server.port
 
     def write(self, round_index: int, values: Mapping[str, float]) -> None:
         shown = " ".join(f"{k}={v:.4g}" for k, v in values.items())
@@ -49,14 +41,8 @@ class SearcherMetrics:
         self._tokens.inc(values.get("searcher/tokens", 0.0))
         if values.get("searcher/reloads", 0.0) > 0:
             self._reload_s.observe(values["searcher/reload_s"])
-        for key, value in values.items():
-            gauge = self._gauges.get(key)
-            if gauge is None:
-                gauge = prometheus_client.Gauge(prometheus_name(key), key, registry=self.registry)
-                self._gauges[key] = gauge
-            gauge.set(value)
+        self._gauges.set(values)
 
     def close(self) -> None:
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.close()

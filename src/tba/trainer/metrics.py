@@ -1,13 +1,12 @@
 """Where step metrics go: stdout, a JSONL file, Prometheus gauges, TensorBoard.
 
 Keys are `area/name` (`trainer/loss`, `time/compute_s`); Prometheus names are
-`tba_<area>_<name>`.
+`tba_<area>_<name>` (`tba.prometheus`).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -16,6 +15,7 @@ from typing import Any, Protocol, TextIO
 
 import prometheus_client
 
+from tba.prometheus import LatestGauges, MetricsServer
 from tba.trainer.config import MetricsSettings
 
 
@@ -60,27 +60,19 @@ class PrometheusSink:
 
     def __init__(self, port: int, host: str = "127.0.0.1") -> None:
         self.registry = prometheus_client.CollectorRegistry()
-        self._gauges: dict[str, prometheus_client.Gauge] = {}
+        self._gauges = LatestGauges(self.registry)
         self._step = prometheus_client.Gauge(
             "tba_trainer_step", "Optimizer steps done.", registry=self.registry
         )
-        self.server, _ = prometheus_client.start_http_server(
-            port, addr=host, registry=self.registry
-        )
-        self.port = int(self.server.server_address[1])
+        self.server = MetricsServer(self.registry, port, host)
+        self.port = self.server.port
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
         self._step.set(step)
-        for key, value in values.items():
-            gauge = self._gauges.get(key)
-            if gauge is None:
-                gauge = prometheus_client.Gauge(prometheus_name(key), key, registry=self.registry)
-                self._gauges[key] = gauge
-            gauge.set(value)
+        self._gauges.set(values)
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
 
 
 class TensorBoardSink:
@@ -125,10 +117,6 @@ def build_sinks(settings: MetricsSettings, rank: int = 0) -> FanOut:
     if settings.tensorboard_dir:
         sinks.append(TensorBoardSink(Path(settings.tensorboard_dir)))
     return FanOut(sinks)
-
-
-def prometheus_name(key: str) -> str:
-    return "tba_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
 
 
 def _short(value: float) -> str:
