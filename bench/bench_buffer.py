@@ -24,8 +24,8 @@ import redis
 from bench.common import Row
 from tba.buffer import codec
 from tba.buffer.config import BufferClientSettings
+from tba.buffer.transport.grpc_client import BufferClient
 from tba.domain import Prompt, SampleSpec, Trajectory
-from tba.rpc.client import BufferClient
 from tests.fixtures.buffer_service import BufferProcess
 from tests.fixtures.data import trajectory
 from tests.fixtures.redis_server import start_redis

@@ -20,7 +20,7 @@ from pydantic import SecretStr
 
 from bench.common import Row
 from tba.buffer.config import BufferClientSettings
-from tba.rpc.client import BufferClient
+from tba.buffer.transport.grpc_client import BufferClient
 from tests.fixtures.buffer_service import BufferProcess
 from tests.fixtures.load import LoadReport, run_load
 from tests.fixtures.redis_server import RedisServer, start_redis

@@ -42,9 +42,9 @@ import torch
 
 from bench.common import Row, proc_stat
 from tba.buffer.config import BufferClientSettings
+from tba.buffer.transport.grpc_client import BufferClient
 from tba.models.config import ModelSettings
 from tba.objectstore.config import ObjectStoreSettings
-from tba.rpc.client import BufferClient
 from tba.searcher.config import EngineSettings, SearcherSettings
 from tba.searcher.engine import SamplingParams
 from tba.searcher.finish import ReferenceModel

@@ -1,5 +1,5 @@
 """Domain errors. Transports map them to status codes in one place each
-(`tba.rpc.status` for gRPC, `tba.buffer.rest` for HTTP)."""
+(`tba.buffer.transport.grpc_status` for gRPC, `tba.buffer.transport.rest` for HTTP)."""
 
 
 class TbaError(Exception):

@@ -6,8 +6,8 @@ import subprocess
 import httpx
 
 from tba.buffer.config import BufferClientSettings
+from tba.buffer.transport.grpc_client import BufferClient
 from tba.domain import Prompt
-from tba.rpc.client import BufferClient
 from tba.runs import Run, RunIdentity
 from tests.fixtures.data import trajectory
 

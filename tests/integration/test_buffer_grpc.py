@@ -9,9 +9,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tba.buffer.config import BufferClientSettings
+from tba.buffer.transport.grpc_client import BufferClient
 from tba.domain import Prompt, SampleSource, SampleSpec, WeightVersion
 from tba.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
-from tba.rpc.client import BufferClient
 from tests.fixtures.buffer_service import start_buffer
 from tests.fixtures.data import trajectory
 

@@ -4,8 +4,8 @@ import signal
 import time
 
 from tba.buffer.config import BufferClientSettings
+from tba.buffer.transport.grpc_client import BufferClient
 from tba.domain import Prompt, SampleSpec, WeightVersion
-from tba.rpc.client import BufferClient
 from tests.fixtures.buffer_service import start_buffer
 from tests.fixtures.data import trajectory
 

@@ -4,7 +4,7 @@ import httpx
 import pytest
 
 from tba.buffer.config import BufferClientSettings
-from tba.rpc.client import BufferClient
+from tba.buffer.transport.grpc_client import BufferClient
 from tests.fixtures.buffer_service import start_buffer
 from tests.fixtures.data import trajectory
 

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from tba.buffer.config import BufferClientSettings
+from tba.buffer.transport.grpc_client import BufferClient
 from tba.domain import Prompt
 from tba.errors import FailedPreconditionError
-from tba.rpc.client import BufferClient
 from tba.runs import Run, RunIdentity, RunRecipe
 from tests.fixtures.buffer_service import BufferProcess, start_buffer
 from tests.fixtures.data import trajectory

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tba.rpc.server import READINESS
+from tba.buffer.transport.grpc_server import READINESS
 from tests.fixtures.deploy_settings import (
     RUN_FILE_PATH,
     Compose,

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tba.rpc.server import LIVENESS, READINESS
+from tba.buffer.transport.grpc_server import LIVENESS, READINESS
 from tests.fixtures.deploy_settings import (
     RUN_FILE_PATH,
     check_tba_env,

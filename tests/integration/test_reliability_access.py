@@ -17,9 +17,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from pydantic import SecretStr
 
 from tba.buffer.config import BufferClientSettings
+from tba.buffer.transport.grpc_client import BufferClient
 from tba.domain import Prompt, SampleSpec, WeightVersion
 from tba.errors import UnauthenticatedError, UnavailableError
-from tba.rpc.client import BufferClient
 from tests.fixtures.buffer_service import BufferProcess
 from tests.fixtures.data import trajectory
 from tests.fixtures.redis_server import start_redis

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.config import SchemathesisConfig
 
+from tba.buffer.transport.grpc_server import SERVICE_NAME
 from tba.domain import pack_tokens
-from tba.rpc.server import SERVICE_NAME
 from tba.v1 import buffer_pb2 as pb
 from tests.fixtures.buffer_service import BufferProcess, serve_with_a_clean_log
 from tests.fixtures.redis_server import RedisServer

@@ -24,9 +24,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tba.buffer.config import BufferClientSettings
+from tba.buffer.transport.grpc_client import BufferClient
+from tba.buffer.transport.grpc_server import LIVENESS, READINESS
 from tba.domain import Prompt, SampleSpec, Trajectory, unpack_tokens
-from tba.rpc.client import BufferClient
-from tba.rpc.server import LIVENESS, READINESS
 from tests.fixtures.buffer_service import start_buffer
 from tests.fixtures.data import trajectory
 from tests.fixtures.deploy_settings import run_tool
@@ -64,7 +64,7 @@ class RetryCounter(logging.Handler):
 @pytest.fixture
 def retries() -> Iterator[RetryCounter]:
     counter = RetryCounter()
-    logger = logging.getLogger("tba.rpc.client")
+    logger = logging.getLogger("tba.buffer.transport.grpc_client")
     logger.addHandler(counter)
     yield counter
     logger.removeHandler(counter)
@@ -245,7 +245,7 @@ DEAD_SEARCHER = textwrap.dedent(
     """
     import json, sys
     from tba.buffer.config import BufferClientSettings
-    from tba.rpc.client import BufferClient
+    from tba.buffer.transport.grpc_client import BufferClient
 
     client = BufferClient(BufferClientSettings(address=sys.argv[1]))
     lease = client.lease_prompts("doomed", int(sys.argv[2]), lease_s=float(sys.argv[3]))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import SecretStr
 
 from tba.buffer.config import BufferClientSettings
-from tba.rpc.client import BufferClient
+from tba.buffer.transport.grpc_client import BufferClient
 from tests.fixtures.buffer_service import BufferProcess
 from tests.fixtures.load import LEASE_PROMPTS, PROMPTS, SAMPLES_PER_PROMPT, run_load
 

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tba.buffer.config import BufferClientSettings
+from tba.buffer.transport.grpc_client import BufferClient
 from tba.domain import WeightVersion
 from tba.models.config import ModelSettings
 from tba.models.loading import load_model
@@ -33,7 +34,6 @@ from tba.objectstore.weights import (
     read_latest,
     version_key,
 )
-from tba.rpc.client import BufferClient
 from tba.searcher.config import EngineSettings
 from tba.searcher.engine import SamplingParams
 from tba.searcher.hf_engine import TransformersEngine

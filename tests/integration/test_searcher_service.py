@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tba.buffer.config import BufferClientSettings
+from tba.buffer.transport.grpc_client import BufferClient
 from tba.domain import FinishReason, SampleSpec, Trajectory, unpack_tokens
 from tba.models.config import ModelSettings
 from tba.models.loading import load_model
@@ -25,7 +26,6 @@ from tba.models.logprobs import sequence_logprobs
 from tba.objectstore.config import ObjectStoreSettings
 from tba.objectstore.local import FileStore
 from tba.objectstore.weights import publish_weights, version_key
-from tba.rpc.client import BufferClient
 from tba.searcher.config import EngineSettings, SearcherSettings
 from tba.searcher.main import Searcher, SearcherRunSettings, build_searcher
 from tba.tasks.arithmetic import ArithmeticTask

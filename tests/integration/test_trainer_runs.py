@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from tba.buffer.config import BufferClientSettings
-from tba.rpc.client import BufferClient
+from tba.buffer.transport.grpc_client import BufferClient
 from tests.integration.test_trainer_service import MODEL, add_searcher_round
 
 

@@ -17,12 +17,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tba.buffer.config import BufferClientSettings
+from tba.buffer.transport.grpc_client import BufferClient
 from tba.domain import Prompt, Trajectory, WeightVersion, pack_tokens
 from tba.models.config import ModelSettings
 from tba.models.logprobs import sequence_logprobs
 from tba.objectstore.local import FileStore
 from tba.objectstore.weights import fetch_weights, read_latest
-from tba.rpc.client import BufferClient
 from tba.trainer.model import load_policy
 from tests.fixtures.buffer_service import start_buffer
 

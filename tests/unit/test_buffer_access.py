@@ -12,9 +12,9 @@ from tba.buffer.access import bearer_authorizes, bearer_header, redact_url
 from tba.buffer.config import BufferClientSettings, BufferSettings
 from tba.buffer.main import BufferServeSettings
 from tba.buffer.memory_store import MemoryStore
-from tba.buffer.rest import create_app
 from tba.buffer.server import store_limits
 from tba.buffer.service import BufferService
+from tba.buffer.transport.rest import create_app
 from tba.settings import load_settings
 
 TOKEN = SecretStr("a-long-shared-token-1234")

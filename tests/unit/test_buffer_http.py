@@ -19,9 +19,9 @@ from pydantic import SecretStr
 from tba.buffer.access import bearer_header
 from tba.buffer.config import MIB, BufferSettings
 from tba.buffer.memory_store import MemoryStore
-from tba.buffer.rest import ID_PATTERN, create_app, finite_json
 from tba.buffer.server import store_limits
 from tba.buffer.service import BufferService
+from tba.buffer.transport.rest import ID_PATTERN, create_app, finite_json
 from tba.buffer.validation import check_id
 from tba.errors import InvalidArgumentError
 

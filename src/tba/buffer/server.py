@@ -13,12 +13,12 @@ import uvicorn
 
 from tba.buffer.access import NO_TOKEN_WARNING
 from tba.buffer.config import BufferSettings
-from tba.buffer.http_guard import deadline_protocol
-from tba.buffer.rest import create_app
 from tba.buffer.service import BufferService
 from tba.buffer.store import StoreLimits
 from tba.buffer.stores import open_store
-from tba.rpc.server import start_grpc_server
+from tba.buffer.transport.grpc_server import start_grpc_server
+from tba.buffer.transport.http_guard import deadline_protocol
+from tba.buffer.transport.rest import create_app
 
 log = logging.getLogger(__name__)
 _GRACE_S = 5.0

@@ -24,7 +24,7 @@ from tba.runs import Run, RunIdentity, combined, generation_identity
 from tba.tasks.config import TaskSettings
 
 if TYPE_CHECKING:
-    from tba.rpc.client import BufferClient
+    from tba.buffer.transport.grpc_client import BufferClient
     from tba.searcher.main import SearcherRunSettings
 
 log = logging.getLogger(__name__)

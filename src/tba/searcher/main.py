@@ -26,7 +26,7 @@ from tba.settings import CommandSettings
 from tba.tasks.config import TaskSettings
 
 if TYPE_CHECKING:
-    from tba.rpc.client import BufferClient
+    from tba.buffer.transport.grpc_client import BufferClient
     from tba.runs import Run
     from tba.searcher.engine import GenerationEngine
     from tba.searcher.loop import SearcherLoop
@@ -115,7 +115,7 @@ def build_searcher(
     """Joins the buffer's run (waiting until one is registered; None when `stop` is set
     first) and wires the real collaborators: task, engine, reference, weights. A setting
     that contradicts the run is FailedPreconditionError naming the field."""
-    from tba.rpc.client import BufferClient
+    from tba.buffer.transport.grpc_client import BufferClient
     from tba.searcher.joining import adopt_run, settings_identity, wait_for_run
 
     stop = stop or threading.Event()

@@ -106,9 +106,9 @@ def run(settings: CommandSettings) -> None:
 
 def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
     """Wires the real collaborators: buffer client, object store, engine, checkpoints."""
+    from tba.buffer.transport.grpc_client import BufferClient
     from tba.objectstore import open_store
     from tba.objectstore.weights import read_latest
-    from tba.rpc.client import BufferClient
     from tba.trainer.checkpoint import Checkpointer, LoopState
     from tba.trainer.loop import TrainerLoop
     from tba.trainer.metrics import build_sinks

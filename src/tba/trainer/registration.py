@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from tba.runs import Run, RunIdentity, RunRecipe, canonical_json, combined, generation_identity
 
 if TYPE_CHECKING:
-    from tba.rpc.client import BufferClient
+    from tba.buffer.transport.grpc_client import BufferClient
     from tba.trainer.main import TrainerRunSettings
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ import grpc
 from tba import domain, runs
 from tba.buffer.access import AUTHORIZATION, bearer_header
 from tba.buffer.config import BufferClientSettings
-from tba.rpc import convert
-from tba.rpc.status import error_from_rpc
+from tba.buffer.transport import proto_convert
+from tba.buffer.transport.grpc_status import error_from_rpc
 from tba.v1 import buffer_pb2 as pb
 from tba.v1 import buffer_pb2_grpc as pb_grpc
 
@@ -75,7 +75,7 @@ class BufferClient:
             ) from exc
 
     def put_prompts(self, prompts: Sequence[domain.Prompt]) -> domain.PutPromptsResult:
-        request = pb.PutPromptsRequest(prompts=[convert.prompt_to_pb(p) for p in prompts])
+        request = pb.PutPromptsRequest(prompts=[proto_convert.prompt_to_pb(p) for p in prompts])
         response = self._call(self._stub.PutPrompts, request)
         return domain.PutPromptsResult(list(response.prompt_ids), response.created)
 
@@ -85,7 +85,7 @@ class BufferClient:
         request = pb.LeasePromptsRequest(
             searcher_id=searcher_id, max_prompts=max_prompts, lease_s=lease_s
         )
-        return convert.lease_from_pb(self._call(self._stub.LeasePrompts, request))
+        return proto_convert.lease_from_pb(self._call(self._stub.LeasePrompts, request))
 
     def add_trajectories(
         self,
@@ -99,38 +99,38 @@ class BufferClient:
             request_id=request_id or uuid.uuid4().hex,
             searcher_id=searcher_id,
             lease_id=lease_id,
-            trajectories=[convert.trajectory_to_pb(t) for t in trajectories],
+            trajectories=[proto_convert.trajectory_to_pb(t) for t in trajectories],
             run_id=run_id,
         )
-        return convert.add_result_from_pb(self._call(self._stub.AddTrajectories, request))
+        return proto_convert.add_result_from_pb(self._call(self._stub.AddTrajectories, request))
 
     def sample(self, spec: domain.SampleSpec) -> domain.Batch:
-        response = self._call(self._stub.Sample, convert.sample_spec_to_pb(spec))
-        return convert.batch_from_pb(response)
+        response = self._call(self._stub.Sample, proto_convert.sample_spec_to_pb(spec))
+        return proto_convert.batch_from_pb(response)
 
     def stats(self) -> domain.BufferStats:
-        return convert.stats_from_pb(self._call(self._stub.GetStats, pb.GetStatsRequest()))
+        return proto_convert.stats_from_pb(self._call(self._stub.GetStats, pb.GetStatsRequest()))
 
     def announce_weights(self, weights: domain.WeightVersion) -> None:
-        request = pb.AnnounceWeightsRequest(weights=convert.weights_to_pb(weights))
+        request = pb.AnnounceWeightsRequest(weights=proto_convert.weights_to_pb(weights))
         self._call(self._stub.AnnounceWeights, request)
 
     def latest_weights(self) -> domain.WeightVersion | None:
         response = self._call(self._stub.GetLatestWeights, pb.GetLatestWeightsRequest())
-        return convert.weights_from_pb(response.weights) if response.available else None
+        return proto_convert.weights_from_pb(response.weights) if response.available else None
 
     def register_run(self, run: runs.Run) -> runs.Run:
-        request = pb.RegisterRunRequest(run=convert.run_to_pb(run))
-        return convert.run_from_pb(self._call(self._stub.RegisterRun, request).run)
+        request = pb.RegisterRunRequest(run=proto_convert.run_to_pb(run))
+        return proto_convert.run_from_pb(self._call(self._stub.RegisterRun, request).run)
 
     def join_run(self, searcher_id: str, identity: runs.RunIdentity) -> runs.Run | None:
         """The registered run (None while there is none); FailedPreconditionError when
         `identity` contradicts it."""
         request = pb.JoinRunRequest(
-            searcher_id=searcher_id, identity=convert.identity_to_pb(identity)
+            searcher_id=searcher_id, identity=proto_convert.identity_to_pb(identity)
         )
         response = self._call(self._stub.JoinRun, request)
-        return convert.run_from_pb(response.run) if response.registered else None
+        return proto_convert.run_from_pb(response.run) if response.registered else None
 
     def _call(self, method: Callable[..., T], request: object) -> T:
         backoff_s = self.settings.retry_backoff_s

@@ -1,8 +1,8 @@
 """The gRPC server of the buffer service: `tba.v1.ReplayBuffer` (grpc.aio), the standard
 health service (readiness that follows the store, liveness) and reflection; optionally TLS
-and a bearer token (`tba.rpc.auth`). Servicer methods translate and delegate to
-BufferService; domain errors become status codes through `tba.rpc.status`, and a request that
-does not decode becomes INVALID_ARGUMENT."""
+and a bearer token (`grpc_auth`). Servicer methods translate and delegate to BufferService;
+domain errors become status codes through `grpc_status`, and a request that does not decode
+becomes INVALID_ARGUMENT."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ from grpc_reflection.v1alpha import reflection
 
 from tba.buffer.config import BufferSettings
 from tba.buffer.service import BufferService
+from tba.buffer.transport import proto_convert
+from tba.buffer.transport.grpc_auth import TokenInterceptor
+from tba.buffer.transport.grpc_client import channel_options
+from tba.buffer.transport.grpc_status import code_for
 from tba.errors import TbaError
-from tba.rpc import convert
-from tba.rpc.auth import TokenInterceptor
-from tba.rpc.client import channel_options
-from tba.rpc.status import code_for
 from tba.v1 import buffer_pb2 as pb
 from tba.v1 import buffer_pb2_grpc as pb_grpc
 
@@ -83,7 +83,7 @@ class ReplayBufferServicer(pb_grpc.ReplayBufferServicer):
 
     @_maps_errors
     async def PutPrompts(self, request: Any, context: Any) -> pb.PutPromptsResponse:
-        prompts = [convert.prompt_from_pb(p) for p in request.prompts]
+        prompts = [proto_convert.prompt_from_pb(p) for p in request.prompts]
         result = await self._service.put_prompts(prompts)
         return pb.PutPromptsResponse(prompt_ids=result.prompt_ids, created=result.created)
 
@@ -92,28 +92,28 @@ class ReplayBufferServicer(pb_grpc.ReplayBufferServicer):
         lease = await self._service.lease_prompts(
             request.searcher_id, request.max_prompts, request.lease_s
         )
-        return convert.lease_to_pb(lease)
+        return proto_convert.lease_to_pb(lease)
 
     @_maps_errors
     async def AddTrajectories(self, request: Any, context: Any) -> pb.AddTrajectoriesResponse:
-        trajectories = [convert.trajectory_from_pb(t) for t in request.trajectories]
+        trajectories = [proto_convert.trajectory_from_pb(t) for t in request.trajectories]
         result = await self._service.add_trajectories(
             request.request_id, request.searcher_id, request.lease_id, trajectories, request.run_id
         )
-        return convert.add_result_to_pb(result)
+        return proto_convert.add_result_to_pb(result)
 
     @_maps_errors
     async def Sample(self, request: Any, context: Any) -> pb.SampleResponse:
-        batch = await self._service.sample(convert.sample_spec_from_pb(request))
-        return convert.batch_to_pb(batch)
+        batch = await self._service.sample(proto_convert.sample_spec_from_pb(request))
+        return proto_convert.batch_to_pb(batch)
 
     @_maps_errors
     async def GetStats(self, request: Any, context: Any) -> pb.Stats:
-        return convert.stats_to_pb(await self._service.stats())
+        return proto_convert.stats_to_pb(await self._service.stats())
 
     @_maps_errors
     async def AnnounceWeights(self, request: Any, context: Any) -> pb.AnnounceWeightsResponse:
-        await self._service.announce_weights(convert.weights_from_pb(request.weights))
+        await self._service.announce_weights(proto_convert.weights_from_pb(request.weights))
         return pb.AnnounceWeightsResponse()
 
     @_maps_errors
@@ -121,20 +121,22 @@ class ReplayBufferServicer(pb_grpc.ReplayBufferServicer):
         latest = await self._service.latest_weights()
         if latest is None:
             return pb.GetLatestWeightsResponse(available=False)
-        return pb.GetLatestWeightsResponse(available=True, weights=convert.weights_to_pb(latest))
+        return pb.GetLatestWeightsResponse(
+            available=True, weights=proto_convert.weights_to_pb(latest)
+        )
 
     @_maps_errors
     async def RegisterRun(self, request: Any, context: Any) -> pb.RegisterRunResponse:
-        run = await self._service.register_run(convert.run_from_pb(request.run))
-        return pb.RegisterRunResponse(run=convert.run_to_pb(run))
+        run = await self._service.register_run(proto_convert.run_from_pb(request.run))
+        return pb.RegisterRunResponse(run=proto_convert.run_to_pb(run))
 
     @_maps_errors
     async def JoinRun(self, request: Any, context: Any) -> pb.JoinRunResponse:
-        identity = convert.identity_from_pb(request.identity)
+        identity = proto_convert.identity_from_pb(request.identity)
         run = await self._service.join_run(request.searcher_id, identity)
         if run is None:
             return pb.JoinRunResponse(registered=False)
-        return pb.JoinRunResponse(registered=True, run=convert.run_to_pb(run))
+        return pb.JoinRunResponse(registered=True, run=proto_convert.run_to_pb(run))
 
 
 def _replay_buffer_handler(servicer: ReplayBufferServicer) -> grpc.GenericRpcHandler:

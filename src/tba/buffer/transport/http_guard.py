@@ -83,8 +83,8 @@ class RequestGuard:
     before reading its body, then reads the whole body within `body_timeout_s` (else 408,
     and the connection closes) and up to `max_body_bytes` (413 whether Content-Length
     declares more or a chunked body grows past it), and hands the app the body read.
-    `refuse` renders domain errors (the HTTP status mapping of `tba.buffer.rest`); the rest
-    of a refused body is the protocol's to discard."""
+    `refuse` renders domain errors (the HTTP status mapping of `rest`); the rest of a refused
+    body is the protocol's to discard."""
 
     def __init__(
         self,

@@ -1,8 +1,8 @@
 """REST API of the buffer service for people (FastAPI): submit prompts, inspect stats and
 weight versions, health, Prometheus metrics, OpenAPI docs at /docs. Handlers translate and
 delegate to BufferService; domain errors become statuses here. With a token set, every write
-needs `Authorization: Bearer TOKEN`; reads stay open. `tba.buffer.http_guard` stands in front:
-it checks the token before a body is read and bounds the body's size and time."""
+needs `Authorization: Bearer TOKEN`; reads stay open. `http_guard` stands in front: it checks
+the token before a body is read and bounds the body's size and time."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from tba import errors
 from tba.buffer import metrics
 from tba.buffer.access import bearer_authorizes
 from tba.buffer.config import BufferSettings
-from tba.buffer.http_guard import RequestGuard
 from tba.buffer.service import BufferService
+from tba.buffer.transport.http_guard import RequestGuard
 from tba.buffer.validation import MAX_ID_CHARS
 from tba.domain import BufferStats, Prompt
 from tba.runs import Run
