@@ -98,8 +98,8 @@ def run_suite(
         perplexity = reference_perplexity(e.reference_model, e) if e.reference_model else None
         return suites.evaluate_preference(task, prompts, complete, n, e.split, perplexity)
     if isinstance(task, RedteamTask):
+        from tba.models.device import pick_device
         from tba.tasks.embedding import load_embedder
-        from tba.tasks.scoring import pick_device
 
         device = pick_device(task.settings.device).type
         embedder = load_embedder(task.settings.embedding_model, device)
@@ -144,7 +144,7 @@ def reference_perplexity(source: str, e: EvalSettings) -> ReferencePerplexity:
 
 
 def _place(model: Any, device: str, dtype: str) -> None:
-    from tba.tasks.scoring import pick_device, pick_dtype
+    from tba.models.device import pick_device, pick_dtype
 
     target = pick_device(device)
     model.to(device=target, dtype=pick_dtype(dtype, target))

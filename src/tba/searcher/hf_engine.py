@@ -24,29 +24,19 @@ import torch
 
 from tba.domain import FinishReason
 from tba.errors import InvalidArgumentError
+from tba.models.device import pick_device, pick_dtype
 from tba.models.generate import eos_token_ids, seeded
 from tba.searcher.config import EngineSettings
 from tba.searcher.engine import Completion, SamplingParams, check_request
-
-
-def torch_device(settings: EngineSettings) -> torch.device:
-    if settings.device == "cuda" or (settings.device == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda")
-    return torch.device("cpu")
-
-
-def torch_dtype(settings: EngineSettings, device: torch.device) -> torch.dtype:
-    if settings.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[settings.dtype]
 
 
 class TransformersEngine:
     def __init__(self, model: Any, tokenizer: Any, settings: EngineSettings) -> None:
         from transformers import GenerationConfig
 
-        self.device = torch_device(settings)
-        self.model: Any = model.to(device=self.device, dtype=torch_dtype(settings, self.device))
+        self.device = pick_device(settings.device)
+        dtype = pick_dtype(settings.dtype, self.device)
+        self.model: Any = model.to(device=self.device, dtype=dtype)
         self.model.eval()
         self.model.requires_grad_(False)
         self.tokenizer = tokenizer

@@ -145,7 +145,7 @@ class RedteamTask:
 def _load_causal_lm(path: str, settings: RedteamSettings) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tba.tasks.scoring import pick_device, pick_dtype
+    from tba.models.device import pick_device, pick_dtype
 
     device = pick_device(settings.device)
     try:

@@ -11,18 +11,7 @@ from typing import Any
 import torch
 
 from tba.errors import InvalidArgumentError
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda")
-    return torch.device("cpu")
-
-
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+from tba.models.device import pick_device, pick_dtype
 
 
 def load_sequence_classifier(path: str, device: torch.device, dtype: torch.dtype) -> Any:

@@ -69,12 +69,6 @@ class TrainEngine(Protocol):
     def load(self, folder: Path) -> None: ...
 
 
-def pick_device(choice: str, local_rank: int = 0) -> torch.device:
-    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
 class LocalEngine:
     """One process, plain PyTorch: AdamW, LambdaLR schedule, optional bf16 autocast."""
 
