@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tba.errors import InvalidArgumentError
-from tba.models.generate import generate_texts
+from tba.models.generate import cut_at_eos, generate_texts, padded
 from tba.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 
@@ -62,3 +62,23 @@ def test_long_prompts_keep_their_end_and_bad_limits_fail(lm):
         generate_texts(model, tokenizer, ["a"], max_new_tokens=64)
     with pytest.raises(InvalidArgumentError):
         generate_texts(model, tokenizer, ["a"], max_new_tokens=0)
+
+
+def test_left_padding_keeps_positions_of_real_tokens():
+    inputs = padded([[5, 6, 7], [8]], pad_id=0, left=True, device=torch.device("cpu"))
+    assert inputs["input_ids"].tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert inputs["attention_mask"].tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert inputs["position_ids"].tolist() == [[0, 1, 2], [0, 0, 0]]
+
+
+def test_right_padding_leaves_positions_to_the_model():
+    inputs = padded([[5, 6, 7], [8]], pad_id=0, left=False, device=torch.device("cpu"))
+    assert inputs["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert inputs["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert "position_ids" not in inputs
+
+
+def test_cut_keeps_the_first_eos_and_says_whether_there_was_one():
+    assert cut_at_eos([4, 2, 9, 2, 2], eos_ids=[2, 3]) == ([4, 2], True)
+    assert cut_at_eos([4, 3, 2], eos_ids=[2, 3]) == ([4, 3], True)
+    assert cut_at_eos([4, 5], eos_ids=[2]) == ([4, 5], False)

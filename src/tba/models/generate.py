@@ -1,6 +1,10 @@
 """Text in, text out generation with a transformers causal LM, for evaluation (the policy's
 completions) and for tasks that run a model (the red-teaming victim). Greedy at temperature
-0, else sampling from the full distribution of logits / temperature; batched, left-padded."""
+0, else sampling from the full distribution of logits / temperature; batched, left-padded.
+
+Its parts are shared with the searcher's transformers engine (and `padded` with the tasks'
+scoring models): the EOS ids and pad token, the neutral generation config, the padding of a
+batch and the cut after the first EOS."""
 
 from __future__ import annotations
 
@@ -40,8 +44,8 @@ def generate_texts(
     if max_new_tokens < 1 or n < 1 or batch_size < 1 or temperature < 0:
         raise InvalidArgumentError("max_new_tokens, n and batch_size >= 1, temperature >= 0")
     eos_ids = eos_token_ids(tokenizer, model.config)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    _neutral_generation_config(model, tokenizer, eos_ids, pad_id)
+    pad_id = pad_token_id(tokenizer, eos_ids)
+    set_neutral_generation_config(model, tokenizer, eos_ids, pad_id)
     keep = _prompt_budget(model, max_new_tokens)
     rows = [_prompt_ids(tokenizer, text, eos_ids[0])[-keep:] for text in prompts for _ in range(n)]
     flat: list[GeneratedText] = []
@@ -50,7 +54,7 @@ def generate_texts(
         for start in range(0, len(rows), batch_size):
             chunk = rows[start : start + batch_size]
             new_tokens = _generate(model, chunk, pad_id, max_new_tokens, temperature, device)
-            flat += [_cut(tokenizer, tokens, eos_ids) for tokens in new_tokens]
+            flat += [_generated_text(tokenizer, tokens, eos_ids) for tokens in new_tokens]
     return [flat[i : i + n] for i in range(0, len(flat), n)]
 
 
@@ -66,11 +70,20 @@ def eos_token_ids(tokenizer: Any, config: Any) -> list[int]:
     return ids
 
 
-def _neutral_generation_config(model: Any, tokenizer: Any, eos_ids: list[int], pad: int) -> None:
+def pad_token_id(tokenizer: Any, eos_ids: list[int]) -> int:
+    """The tokenizer's pad token, else the first EOS (attention masks hide it either way)."""
+    return int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else eos_ids[0]
+
+
+def set_neutral_generation_config(
+    model: Any, tokenizer: Any, eos_ids: list[int], pad_id: int
+) -> None:
+    """Replaces the model's generation defaults (top-k 50, repetition penalties from its hub
+    config, ...) with none, so `generate` samples from the model's own distribution."""
     from transformers import GenerationConfig
 
     model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=eos_ids, pad_token_id=pad
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=eos_ids, pad_token_id=pad_id
     )
 
 
@@ -100,31 +113,53 @@ def _generate(
     temperature: float,
     device: torch.device,
 ) -> list[list[int]]:
-    width = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        input_ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
-        attention_mask[i, width - len(row) :] = 1
+    inputs = padded(rows, pad_id, left=True, device=device)
+    width = inputs["input_ids"].shape[1]
     sampling: dict[str, Any] = {"do_sample": False}
     if temperature > 0:
         sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
     out = model.generate(
-        input_ids=input_ids.to(device),
-        attention_mask=attention_mask.to(device),
+        input_ids=inputs["input_ids"],
+        attention_mask=inputs["attention_mask"],
         max_new_tokens=max_new_tokens,
         **sampling,
     )
     return [list(map(int, row)) for row in out[:, width:].tolist()]
 
 
-def _cut(tokenizer: Any, tokens: list[int], eos_ids: list[int]) -> GeneratedText:
-    """Up to and including the first EOS; the padding `generate` put after it goes."""
+def padded(
+    rows: Sequence[Sequence[int]], pad_id: int, *, left: bool, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """input_ids and attention_mask of `rows` padded to one width, and for left padding
+    position_ids that count real tokens only, so the padding does not shift them (right
+    padding keeps the model's own positions: RoBERTa's, for one, start past the pad id).
+    Left padding puts every row's next token at the same last column."""
+    width = max(len(row) for row in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        span = slice(width - len(row), width) if left else slice(0, len(row))
+        input_ids[i, span] = torch.tensor(list(row), dtype=torch.long)
+        attention_mask[i, span] = 1
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if left:
+        inputs["position_ids"] = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return {name: tensor.to(device) for name, tensor in inputs.items()}
+
+
+def cut_at_eos(tokens: list[int], eos_ids: Sequence[int]) -> tuple[list[int], bool]:
+    """The tokens up to and including the first EOS (kept: the policy chose to stop), the
+    padding `generate` put after it gone, and whether there was one (else the length limit
+    ended the completion)."""
     for i, token in enumerate(tokens):
         if token in eos_ids:
-            kept = tokens[: i + 1]
-            return GeneratedText(tokenizer.decode(kept, skip_special_tokens=True), kept, True)
-    return GeneratedText(tokenizer.decode(tokens, skip_special_tokens=True), tokens, False)
+            return tokens[: i + 1], True
+    return tokens, False
+
+
+def _generated_text(tokenizer: Any, tokens: list[int], eos_ids: list[int]) -> GeneratedText:
+    kept, finished = cut_at_eos(tokens, eos_ids)
+    return GeneratedText(tokenizer.decode(kept, skip_special_tokens=True), kept, finished)
 
 
 @contextlib.contextmanager

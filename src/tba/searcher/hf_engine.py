@@ -25,15 +25,20 @@ import torch
 from tba.domain import FinishReason
 from tba.errors import InvalidArgumentError
 from tba.models.device import pick_device, pick_dtype
-from tba.models.generate import eos_token_ids, seeded
+from tba.models.generate import (
+    cut_at_eos,
+    eos_token_ids,
+    pad_token_id,
+    padded,
+    seeded,
+    set_neutral_generation_config,
+)
 from tba.searcher.config import EngineSettings
 from tba.searcher.engine import Completion, SamplingParams, check_request
 
 
 class TransformersEngine:
     def __init__(self, model: Any, tokenizer: Any, settings: EngineSettings) -> None:
-        from transformers import GenerationConfig
-
         self.device = pick_device(settings.device)
         dtype = pick_dtype(settings.dtype, self.device)
         self.model: Any = model.to(device=self.device, dtype=dtype)
@@ -42,15 +47,9 @@ class TransformersEngine:
         self.tokenizer = tokenizer
         self.max_batch_sequences = settings.max_batch_sequences
         self.eos_token_ids = eos_token_ids(tokenizer, model.config)
-        self.pad_token_id = (
-            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
-        )
+        self.pad_token_id = pad_token_id(tokenizer, self.eos_token_ids)
         self.context_tokens: int | None = getattr(model.config, "max_position_embeddings", None)
-        self.model.generation_config = GenerationConfig(
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=self.eos_token_ids,
-            pad_token_id=self.pad_token_id,
-        )
+        set_neutral_generation_config(self.model, tokenizer, self.eos_token_ids, self.pad_token_id)
         self._version = 0
 
     @property
@@ -71,15 +70,10 @@ class TransformersEngine:
     def _generate_chunk(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Completion]:
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            # Left padding: every row's next token is predicted at the same last column.
-            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[i, width - len(prompt) :] = 1
-        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        cache = self._prefill(input_ids, attention_mask, params.n)
+        inputs = padded(prompts, self.pad_token_id, left=True, device=self.device)
+        input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
+        width = input_ids.shape[1]
+        cache = self._prefill(inputs, params.n)
         max_new_tokens = params.max_new_tokens
         if self.context_tokens is not None:
             max_new_tokens = min(max_new_tokens, self.context_tokens - width)
@@ -107,19 +101,18 @@ class TransformersEngine:
             for tokens, logps in zip(new_tokens.tolist(), logprobs.cpu(), strict=True)
         ]
 
-    def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int) -> Any:
-        """The KV cache of each prompt but its last token, repeated for its `n` samples (None
-        for prompts of one token: `generate` then starts from nothing)."""
+    def _prefill(self, inputs: dict[str, torch.Tensor], n: int) -> Any:
+        """The KV cache of each (left-padded) prompt but its last token, repeated for its `n`
+        samples (None for prompts of one token: `generate` then starts from nothing)."""
         from transformers import DynamicCache
 
-        if input_ids.shape[1] < 2:
+        if inputs["input_ids"].shape[1] < 2:
             return None
         cache = DynamicCache(config=self.model.config)
-        positions = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
         self.model(
-            input_ids=input_ids[:, :-1],
-            attention_mask=attention_mask[:, :-1],
-            position_ids=positions[:, :-1],
+            input_ids=inputs["input_ids"][:, :-1],
+            attention_mask=inputs["attention_mask"][:, :-1],
+            position_ids=inputs["position_ids"][:, :-1],
             past_key_values=cache,
             use_cache=True,
         )
@@ -127,13 +120,8 @@ class TransformersEngine:
         return cache
 
     def _completion(self, tokens: list[int], logprobs: torch.Tensor) -> Completion:
-        """Cut after the first EOS (kept: the policy chose to stop), dropping the padding
-        `generate` put after it; no EOS means the length limit ended it."""
-        finish = FinishReason.LENGTH
-        for i, token in enumerate(tokens):
-            if token in self.eos_token_ids:
-                tokens, finish = tokens[: i + 1], FinishReason.STOP
-                break
+        tokens, stopped = cut_at_eos(tokens, self.eos_token_ids)
+        finish = FinishReason.STOP if stopped else FinishReason.LENGTH
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         return Completion(tokens, text, float(logprobs[: len(tokens)].sum()), finish)
 

@@ -12,6 +12,7 @@ import torch
 
 from tba.errors import InvalidArgumentError
 from tba.models.device import pick_device, pick_dtype
+from tba.models.generate import padded
 
 
 def load_sequence_classifier(path: str, device: torch.device, dtype: torch.dtype) -> Any:
@@ -37,25 +38,6 @@ def context_tokens(tokenizer: Any, model: Any, max_tokens: int | None = None) ->
     limits = [tokenizer.model_max_length, getattr(model.config, "max_position_embeddings", None)]
     limits.append(max_tokens)
     return int(min(limit for limit in limits if limit is not None and limit > 0))
-
-
-def padded(
-    rows: Sequence[Sequence[int]], pad_id: int, left: bool, device: torch.device
-) -> dict[str, torch.Tensor]:
-    """input_ids and attention_mask of `rows` padded to one width, and for left padding
-    position_ids that count real tokens only, so the padding does not shift them (right
-    padding keeps the model's own positions: RoBERTa's, for one, start past the pad id)."""
-    width = max(len(row) for row in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        span = slice(width - len(row), width) if left else slice(0, len(row))
-        input_ids[i, span] = torch.tensor(list(row), dtype=torch.long)
-        attention_mask[i, span] = 1
-    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
-    if left:
-        inputs["position_ids"] = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    return {name: tensor.to(device) for name, tensor in inputs.items()}
 
 
 def _by_length(rows: Sequence[Sequence[int]], batch_size: int) -> list[list[int]]:
@@ -169,7 +151,10 @@ class LabelClassifier:
         with torch.no_grad():
             for batch in _by_length(rows, self.batch_size):
                 inputs = padded(
-                    [rows[i] for i in batch], self.tokenizer.pad_token_id, False, self.device
+                    [rows[i] for i in batch],
+                    self.tokenizer.pad_token_id,
+                    left=False,
+                    device=self.device,
                 )
                 logits = self.model(**inputs).logits.float()
                 logprobs = logits.log_softmax(dim=-1)[:, self.label_index].cpu()
