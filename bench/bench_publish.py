@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from bench.common import Row, proc_stat
 from tba.models.tiny import build_tiny_tokenizer
-from tba.objectstore import ObjectStore, open_store
+from tba.objectstore import ObjectStore, open_object_store
 from tba.objectstore.local import FileStore
 from tba.objectstore.weights import fetch_weights, publish_weights, sha256_file
 from tests.fixtures.seaweedfs import SeaweedServer, store_settings
@@ -244,7 +244,7 @@ def run(quick: bool) -> list[Row]:
         server = SeaweedServer(root / "weed")
         try:
             server.start()
-            s3_store = open_store(store_settings(server.s3))
+            s3_store = open_object_store(store_settings(server.s3))
             rows += _compare("s3:// SeaweedFS", s3_store, model, tokenizer, root, repeats, server)
         finally:
             server.kill()

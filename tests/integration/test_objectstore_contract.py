@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from tba.errors import InvalidArgumentError, NotFoundError
-from tba.objectstore import ObjectStore, ObjectStoreSettings, open_store
+from tba.objectstore import ObjectStore, ObjectStoreSettings, open_object_store
 
 
 @pytest.fixture(params=["file", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
     if request.param == "file":
-        return open_store(ObjectStoreSettings(uri=f"file://{tmp_path / 'store'}"))
-    return open_store(request.getfixturevalue("s3_store_settings"))
+        return open_object_store(ObjectStoreSettings(uri=f"file://{tmp_path / 'store'}"))
+    return open_object_store(request.getfixturevalue("s3_store_settings"))
 
 
 def test_bytes_round_trip_and_overwrite(store: ObjectStore) -> None:

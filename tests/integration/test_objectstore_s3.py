@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tba.objectstore import open_store
+from tba.objectstore import open_object_store
 from tba.objectstore.s3 import S3Store
 from tests.fixtures.seaweedfs import SeaweedS3, store_settings
 
@@ -45,7 +45,7 @@ def _transfer(store: Any, tmp_path: Path) -> None:
 def test_weight_files_move_without_checksums_or_body_hash(
     seaweedfs: SeaweedS3, tmp_path: Path
 ) -> None:
-    store = open_store(store_settings(seaweedfs, multipart_chunk_bytes=5 * MIB))
+    store = open_object_store(store_settings(seaweedfs, multipart_chunk_bytes=5 * MIB))
     sent = _recording(store)
     _transfer(store, tmp_path)
     parts = [headers for op, headers in sent if op == "UploadPart"]
@@ -59,7 +59,9 @@ def test_weight_files_move_without_checksums_or_body_hash(
 
 
 def test_sign_payload_hashes_every_body(seaweedfs: SeaweedS3, tmp_path: Path) -> None:
-    store = open_store(store_settings(seaweedfs, multipart_chunk_bytes=5 * MIB, sign_payload=True))
+    store = open_object_store(
+        store_settings(seaweedfs, multipart_chunk_bytes=5 * MIB, sign_payload=True)
+    )
     sent = _recording(store)
     _transfer(store, tmp_path)
     uploads = [headers for op, headers in sent if op in ("UploadPart", "PutObject")]

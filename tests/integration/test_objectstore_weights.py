@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tba.errors import FailedPreconditionError, NotFoundError
 from tba.models.tiny import build_tiny_model, build_tiny_tokenizer
-from tba.objectstore import ObjectStore, ObjectStoreSettings, open_store
+from tba.objectstore import ObjectStore, ObjectStoreSettings, open_object_store
 from tba.objectstore.local import FileStore
 from tba.objectstore.weights import (
     LATEST,
@@ -31,8 +31,8 @@ from tba.objectstore.weights import (
 @pytest.fixture(params=["file", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
     if request.param == "file":
-        return open_store(ObjectStoreSettings(uri=f"file://{tmp_path / 'store'}"))
-    return open_store(request.getfixturevalue("s3_store_settings"))
+        return open_object_store(ObjectStoreSettings(uri=f"file://{tmp_path / 'store'}"))
+    return open_object_store(request.getfixturevalue("s3_store_settings"))
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from tba.buffer.transport.grpc_client import BufferClient
 from tba.domain import WeightVersion
 from tba.models.config import ModelSettings
 from tba.models.loading import load_model
-from tba.objectstore import ObjectStore, open_store
+from tba.objectstore import ObjectStore, open_object_store
 from tba.objectstore.local import FileStore
 from tba.objectstore.weights import (
     fetch_weights,
@@ -336,7 +336,7 @@ def test_trainer_rides_out_an_object_store_outage_and_the_searcher_keeps_its_wei
 ):
     service, client = buffer
     settings = store_settings(weed.s3)
-    store = open_store(settings)
+    store = open_object_store(settings)
     train, gen = s3_processes(weed, settings.uri, service.address, tmp_path)
     processes += [train, gen]
     train.start()
@@ -383,7 +383,7 @@ def test_the_searcher_keeps_its_weights_through_a_truncated_file_and_an_outage(
     """WeightSync (the searcher's weight reloads) against the real store: a truncated
     safetensors file fails its sha256 and an unreachable store fails the download; both times
     the engine keeps the weights it has and generates with them, then loads the version."""
-    store = open_store(store_settings(weed.s3, retries=0, timeout_s=5.0))
+    store = open_object_store(store_settings(weed.s3, retries=0, timeout_s=5.0))
     tokenizer, model = load_model(MODEL, 0)
     engine = TransformersEngine(model, tokenizer, EngineSettings(device="cpu"))
     announced = [publish(store, 1)]

@@ -11,8 +11,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from tba.buffer import codec
-from tba.buffer.store import BufferStore, Candidate, StoreLimits
-from tba.buffer.stores import open_store
+from tba.buffer.store import BufferStore, Candidate, StoreLimits, open_buffer_store
 from tba.domain import (
     AddResult,
     FinishReason,
@@ -46,10 +45,10 @@ def limits(**changes: object) -> StoreLimits:
 @pytest.fixture(params=["memory", "redis"])
 def make_store(request: pytest.FixtureRequest) -> MakeStore:
     if request.param == "memory":
-        return lambda lim: open_store("memory", "unused", lim)
+        return lambda lim: open_buffer_store("memory", "unused", lim)
     url = request.getfixturevalue("shared_redis").url
     prefix = request.getfixturevalue("unique_prefix")
-    return lambda lim: open_store(url, prefix, lim)
+    return lambda lim: open_buffer_store(url, prefix, lim)
 
 
 def run(make_store: MakeStore, scenario: Scenario, lim: StoreLimits | None = None) -> None:
@@ -374,9 +373,9 @@ def test_weight_versions_only_move_forward(make_store: MakeStore) -> None:
     run(make_store, scenario)
 
 
-def test_open_store_knows_memory_and_redis_urls_only() -> None:
+def test_open_buffer_store_knows_memory_and_redis_urls_only() -> None:
     with pytest.raises(InvalidArgumentError, match="unknown store"):
-        open_store("postgres://db", "tba", limits())
+        open_buffer_store("postgres://db", "tba", limits())
 
 
 def a_run(run_id: str, task_name: str = "arithmetic") -> Run:

@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from tba.errors import InvalidArgumentError
-from tba.objectstore import ObjectStoreSettings, open_store
+from tba.objectstore import ObjectStoreSettings, open_object_store
 from tba.objectstore.base import join_uri, key_of
 from tba.objectstore.local import FileStore
 
@@ -29,10 +29,10 @@ def test_bad_store_uris_are_rejected(uri):
 
 
 def test_file_uris_absolute_and_relative(tmp_path, monkeypatch):
-    absolute = open_store(ObjectStoreSettings(uri=f"file://{tmp_path}/abs"))
+    absolute = open_object_store(ObjectStoreSettings(uri=f"file://{tmp_path}/abs"))
     assert isinstance(absolute, FileStore) and absolute.root == tmp_path / "abs"
     monkeypatch.chdir(tmp_path)
-    relative = open_store(ObjectStoreSettings(uri="file://rel/w"))
+    relative = open_object_store(ObjectStoreSettings(uri="file://rel/w"))
     assert isinstance(relative, FileStore) and relative.root == Path("rel/w")
     relative.put_bytes("k", b"v")
     assert (tmp_path / "rel" / "w" / "k").read_bytes() == b"v"

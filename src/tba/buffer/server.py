@@ -14,8 +14,7 @@ import uvicorn
 from tba.buffer.access import NO_TOKEN_WARNING
 from tba.buffer.config import BufferSettings
 from tba.buffer.service import BufferService
-from tba.buffer.store import StoreLimits
-from tba.buffer.stores import open_store
+from tba.buffer.store import StoreLimits, open_buffer_store
 from tba.buffer.transport.grpc_server import start_grpc_server
 from tba.buffer.transport.http_guard import deadline_protocol
 from tba.buffer.transport.rest import create_app
@@ -64,7 +63,7 @@ async def serve(
     """Serves until cancelled or signalled; `on_ready(grpc_port, http_port)` once listening."""
     if settings.auth_token is None:
         log.warning(NO_TOKEN_WARNING)
-    store = open_store(settings.store, settings.key_prefix, store_limits(settings))
+    store = open_buffer_store(settings.store, settings.key_prefix, store_limits(settings))
     service = BufferService(store, settings)
     grpc_server = await start_grpc_server(service, settings)
     http_socket = bind_tcp(settings.http_host, settings.http_port)

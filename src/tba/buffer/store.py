@@ -22,6 +22,7 @@ from tba.domain import (
     Trajectory,
     WeightVersion,
 )
+from tba.errors import InvalidArgumentError
 from tba.runs import Run
 
 
@@ -137,3 +138,21 @@ class BufferStore(Protocol):
     async def current_run(self) -> Run | None: ...
 
     async def close(self) -> None: ...
+
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def open_buffer_store(url: str, key_prefix: str, limits: StoreLimits) -> BufferStore:
+    """`memory` for the embedded store, or a redis:// (rediss://, unix://) URL."""
+    # Imported here: only a Redis deployment may import redis, and both stores import this
+    # module for the contract's types.
+    if url == "memory":
+        from tba.buffer.memory_store import MemoryStore
+
+        return MemoryStore(limits)
+    if url.startswith(REDIS_SCHEMES):
+        from tba.buffer.redis_store import RedisStore
+
+        return RedisStore(url, key_prefix, limits)
+    raise InvalidArgumentError(f"unknown store {url!r}: use `memory` or a redis:// URL")

@@ -89,13 +89,16 @@ class LocalRun:
         self, supervisor: Supervisor, base: Path, evaluator: Evaluator, started_at_s: float
     ) -> int:
         """Starts the services and follows the run until the trainer finishes; the step count."""
-        from tba.objectstore import open_store
+        from tba.objectstore import open_object_store
 
         address = self._start_buffer(supervisor)
         trainer = self._start_trainer_and_searchers(supervisor, base, address)
         os.nice(self.settings.local.evaluator_niceness)
         watcher = VersionWatcher(
-            open_store(self.settings.objectstore), evaluator, self.run_dir / "eval", started_at_s
+            open_object_store(self.settings.objectstore),
+            evaluator,
+            self.run_dir / "eval",
+            started_at_s,
         )
         trainer_log = self.run_dir / "metrics" / "trainer.jsonl"
         with ProgressView(self.settings.trainer.steps, self.settings.local.progress) as view:

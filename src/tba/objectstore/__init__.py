@@ -6,7 +6,7 @@ from tba.objectstore.base import ObjectStore
 from tba.objectstore.config import ObjectStoreSettings
 
 
-def open_store(settings: ObjectStoreSettings) -> ObjectStore:
+def open_object_store(settings: ObjectStoreSettings) -> ObjectStore:
     """The store that `settings.uri` names; boto3 is imported only for `s3://`."""
     if settings.uri.startswith("s3://"):
         from tba.objectstore.s3 import S3Store
@@ -17,4 +17,4 @@ def open_store(settings: ObjectStoreSettings) -> ObjectStore:
     return FileStore(settings.uri)
 
 
-__all__ = ["ObjectStore", "ObjectStoreSettings", "open_store"]
+__all__ = ["ObjectStore", "ObjectStoreSettings", "open_object_store"]

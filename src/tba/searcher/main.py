@@ -176,12 +176,12 @@ def _wire(
 
 
 def build_reference(settings: SearcherRunSettings, tokenizer: Any, base: Any) -> ReferenceScorer:
-    from tba.models.device import pick_device, pick_dtype
+    from tba.searcher.hf_engine import torch_device, torch_dtype
     from tba.searcher.reference import ReferenceScorer
 
     s = settings.searcher
-    device = pick_device(settings.engine.device)
-    dtype = pick_dtype(settings.engine.dtype, device)
+    device = torch_device(settings.engine)
+    dtype = torch_dtype(settings.engine, device)
     return ReferenceScorer(
         base, tokenizer.pad_token_id, s.temperature, s.reference_batch_size, device, dtype
     )
@@ -190,13 +190,13 @@ def build_reference(settings: SearcherRunSettings, tokenizer: Any, base: Any) ->
 def build_weight_sync(
     settings: SearcherRunSettings, client: BufferClient, engine: GenerationEngine
 ) -> WeightSync:
-    from tba.objectstore import open_store
+    from tba.objectstore import open_object_store
     from tba.searcher.weights import WeightSync
 
     s = settings.searcher
     weights_dir = Path(s.weights_dir)
     weights_dir.mkdir(parents=True, exist_ok=True)
-    store = open_store(settings.objectstore)
+    store = open_object_store(settings.objectstore)
     return WeightSync(client.latest_weights, store, engine, weights_dir, s.keep_weight_versions)
 
 

@@ -107,7 +107,7 @@ def run(settings: CommandSettings) -> None:
 def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
     """Wires the real collaborators: buffer client, object store, engine, checkpoints."""
     from tba.buffer.transport.grpc_client import BufferClient
-    from tba.objectstore import open_store
+    from tba.objectstore import open_object_store
     from tba.objectstore.weights import read_latest
     from tba.trainer.checkpoint import Checkpointer, LoopState
     from tba.trainer.loop import TrainerLoop
@@ -123,7 +123,7 @@ def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
     reward_decay = RewardDecay(settings.optim) if settings.optim.decay_by == "reward" else None
     engine = build_engine(model, settings, reward_decay)
     client = BufferClient(settings.client)
-    store = open_store(settings.objectstore)
+    store = open_object_store(settings.objectstore)
     reference = ReferenceResets(
         t.reference_reset_steps,
         settings.temperature,
@@ -195,8 +195,7 @@ def build_engine(
 ) -> TrainEngine:
     import os
 
-    from tba.models.device import pick_device
-    from tba.trainer.engine import LocalEngine
+    from tba.trainer.engine import LocalEngine, pick_device
 
     bf16 = settings.model.dtype == "bf16"
     if settings.distributed.backend == "deepspeed":
@@ -214,5 +213,5 @@ def build_engine(
             comm_backend=settings.distributed.comm_backend,
             reward_decay=reward_decay,
         )
-    device = pick_device(settings.trainer.device, index=0)
+    device = pick_device(settings.trainer.device)
     return LocalEngine(model, settings.optim, settings.trainer.steps, bf16, device, reward_decay)
