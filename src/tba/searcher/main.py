@@ -176,12 +176,12 @@ def _wire(
 
 
 def build_reference(settings: SearcherRunSettings, tokenizer: Any, base: Any) -> ReferenceScorer:
-    from tba.searcher.hf_engine import torch_device, torch_dtype
+    from tba.models.device import pick_device, pick_dtype
     from tba.searcher.reference import ReferenceScorer
 
     s = settings.searcher
-    device = torch_device(settings.engine)
-    dtype = torch_dtype(settings.engine, device)
+    device = pick_device(settings.engine.device)
+    dtype = pick_dtype(settings.engine.dtype, device)
     return ReferenceScorer(
         base, tokenizer.pad_token_id, s.temperature, s.reference_batch_size, device, dtype
     )

@@ -195,7 +195,8 @@ def build_engine(
 ) -> TrainEngine:
     import os
 
-    from tba.trainer.engine import LocalEngine, pick_device
+    from tba.models.device import pick_device
+    from tba.trainer.engine import LocalEngine
 
     bf16 = settings.model.dtype == "bf16"
     if settings.distributed.backend == "deepspeed":
@@ -213,5 +214,5 @@ def build_engine(
             comm_backend=settings.distributed.comm_backend,
             reward_decay=reward_decay,
         )
-    device = pick_device(settings.trainer.device)
+    device = pick_device(settings.trainer.device, index=0)
     return LocalEngine(model, settings.optim, settings.trainer.steps, bf16, device, reward_decay)
