@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,11 +21,12 @@ from typing import Protocol
 
 import numpy as np
 
+from tba.clock import Clock
 from tba.domain import AddResult, FinishReason, Prompt, Trajectory, pack_tokens
 from tba.errors import UnavailableError
 from tba.searcher.config import SearcherSettings
 from tba.searcher.engine import Completion
-from tba.tasks.base import batch_rewards
+from tba.tasks.base import Rewarder, batch_rewards
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +41,6 @@ class TrajectorySink(Protocol):
     ) -> AddResult: ...
 
 
-class Rewarder(Protocol):
-    def reward(self, prompt: Prompt, completion_text: str) -> float: ...
-
-
 class ReferenceModel(Protocol):
     def score(
         self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
@@ -53,25 +49,6 @@ class ReferenceModel(Protocol):
 
 class RoundMetrics(Protocol):
     def write(self, round_index: int, values: Mapping[str, float]) -> None: ...
-
-
-class Clock(Protocol):
-    def monotonic(self) -> float: ...
-
-    def time(self) -> float: ...
-
-    def sleep(self, seconds: float) -> None: ...
-
-
-class SystemClock:
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def time(self) -> float:
-        return time.time()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
 
 
 class Phases:

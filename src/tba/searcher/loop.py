@@ -33,20 +33,19 @@ from typing import Protocol
 
 import numpy as np
 
+from tba.clock import Clock, SystemClock
 from tba.domain import Lease, Prompt
 from tba.searcher.config import SearcherSettings
 from tba.searcher.engine import GenerationEngine, SamplingParams
 from tba.searcher.finish import (
-    Clock,
     GeneratedRound,
     Phases,
     ReferenceModel,
-    Rewarder,
     RoundFinisher,
     RoundMetrics,
-    SystemClock,
     TrajectorySink,
 )
+from tba.tasks.base import Rewarder
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,12 @@ Collaborators are injected: a `BatchSource` (the buffer client's `sample`), a
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
+from tba.clock import Clock, SystemClock
 from tba.domain import Batch, SampleSpec, WeightVersion
 from tba.trainer.checkpoint import Checkpointer, LoopState
 from tba.trainer.collate import TrainBatch, collate
@@ -35,20 +35,6 @@ class WeightPublisher(Protocol):
     def publish(self, version: int, step: int) -> WeightVersion:
         """Publishes the current weights as `version` and announces them."""
         ...
-
-
-class Clock(Protocol):
-    def monotonic(self) -> float: ...
-
-    def sleep(self, seconds: float) -> None: ...
-
-
-class SystemClock:
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
 
 
 class DataTimeoutError(TimeoutError):
