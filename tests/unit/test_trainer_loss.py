@@ -10,14 +10,19 @@ import torch
 from tba.trainer.loss import (
     ImportanceClip,
     LossInputs,
+    Objective,
     Rloo,
     TrajectoryBalance,
     beta_at,
     importance_weights,
     rloo_advantages,
     tb_log_z,
-    tb_loss,
 )
+
+
+def full_batch_loss(objective: Objective, logp: torch.Tensor, case: LossInputs, beta: float):
+    """The loss over a whole batch from the two calls the trainer makes per micro-batch."""
+    return objective.terms(logp, case, beta, objective.baselines(logp, case, beta)).mean()
 
 
 def inputs(ref, reward, groups, behavior=None) -> LossInputs:
@@ -41,7 +46,7 @@ CASE = inputs(ref=[-1.5, -1.5, -2.0], reward=[1.0, 0.0, 1.0], groups=[0, 0, 1])
 
 def test_tb_loss_and_gradient_by_hand():
     logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
-    loss = tb_loss(logp, CASE, beta=0.5)
+    loss = full_batch_loss(TrajectoryBalance(), logp, CASE, beta=0.5)
     loss.backward()
     assert loss.item() == pytest.approx(1 / 6)
     assert logp.grad is not None
@@ -66,7 +71,7 @@ def test_clipped_importance_weights_by_hand():
     # dL/dlogp = 2 w r / N = [-0.25, 0.25, 0].
     case = inputs([-1.5, -1.5, -2.0], [1.0, 0.0, 1.0], [0, 0, 1], behavior=[-1.5, -1.0, -3.0])
     logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
-    loss = tb_loss(logp, case, beta=0.5, clip=clip)
+    loss = full_batch_loss(TrajectoryBalance(clip), logp, case, beta=0.5)
     loss.backward()
     assert loss.item() == pytest.approx(0.125)
     assert logp.grad is not None
@@ -93,7 +98,7 @@ def test_tb_gradient_is_reinforce_with_mean_baseline_and_kl_in_the_reward(seed):
     logp, case = random_case(seed, sizes=[4, 2, 5, 1])
     beta = 0.1
     logp.requires_grad_(True)
-    tb_loss(logp, case, beta).backward()
+    full_batch_loss(TrajectoryBalance(), logp, case, beta).backward()
     shaped = case.reward - beta * (logp.detach() - case.ref_logprob)
     baseline = torch.stack([shaped[case.group_index == g].mean() for g in case.group_index])
     expected = -(2 / (beta * len(shaped))) * (shaped - baseline)
@@ -105,7 +110,7 @@ def test_stopping_log_z_does_not_change_the_gradient():
     logp, case = random_case(3, sizes=[3, 4])
     beta = 0.2
     logp.requires_grad_(True)
-    tb_loss(logp, case, beta).backward()
+    full_batch_loss(TrajectoryBalance(), logp, case, beta).backward()
     assert logp.grad is not None
     stopped = logp.grad.clone()
     live = logp.detach().clone().requires_grad_(True)
@@ -123,8 +128,7 @@ def test_rloo_advantages_and_gradient_by_hand():
     logp = torch.tensor([-1.0, -2.0, -3.0, -2.0], dtype=torch.float64, requires_grad=True)
     advantages = rloo_advantages(logp, case, beta=0.5)
     assert advantages.tolist() == pytest.approx([0.25, -0.5, 0.25, 0.0])
-    objective = Rloo()
-    loss = objective.terms(logp, case, 0.5, objective.baselines(logp, case, 0.5)).mean()
+    loss = full_batch_loss(Rloo(), logp, case, beta=0.5)
     loss.backward()
     assert logp.grad is not None
     assert logp.grad.tolist() == pytest.approx([-0.0625, 0.125, -0.0625, 0.0])

@@ -12,9 +12,10 @@ from tba.trainer.collate import TrainBatch
 from tba.trainer.config import OptimSettings
 from tba.trainer.engine import LocalEngine
 from tba.trainer.loss import ImportanceClip, LossInputs, Objective, Rloo, TrajectoryBalance
-from tba.trainer.step import accumulate_gradients, plan_layout, policy_logprob_fn
+from tba.trainer.step import Scoring, accumulate_gradients, plan_layout, policy_logprobs
 
 TEMPERATURE = 0.7
+SCORING = Scoring(TEMPERATURE, pad_token_id=0)
 SIZES = [3, 2, 4, 1]  # the buffer dedups, so groups differ in size
 
 
@@ -54,8 +55,7 @@ def make_batch(tokenizer, engine: LocalEngine, on_policy: bool) -> TrainBatch:
 def gradient(engine: LocalEngine, batch: TrainBatch, objective: Objective, micro: int):
     engine.optimizer.zero_grad(set_to_none=True)
     layout = plan_layout(batch, micro, rank=0, world_size=1)
-    logprobs = policy_logprob_fn(engine, TEMPERATURE, 0)
-    result = accumulate_gradients(engine, batch, layout, objective, 0.1, logprobs)
+    result = accumulate_gradients(engine, batch, layout, objective, 0.1, SCORING)
     grads = [p.grad.clone() for p in engine.module.parameters() if p.grad is not None]
     return result, grads
 
@@ -86,7 +86,7 @@ def test_on_policy_tb_gradient_is_kl_regularised_reinforce(tokenizer):
     _, tb_grads = gradient(engine, batch, TrajectoryBalance(), micro=3)
 
     engine.optimizer.zero_grad(set_to_none=True)
-    logp = policy_logprob_fn(engine, TEMPERATURE, 0)(batch)
+    logp = policy_logprobs(engine, batch, SCORING)
     x = batch.inputs
     shaped = x.reward - beta * (logp.detach() - x.ref_logprob)
     baseline = torch.stack([shaped[x.group_index == g].mean() for g in x.group_index])

@@ -1,4 +1,5 @@
-"""The training loop: sample -> collate -> log-probs -> loss -> step, publish every k steps.
+"""The training loop: draw a batch from the buffer, train on it (`trainer.step`), publish
+weights every k steps, checkpoint every n, log the step's metrics.
 
 Collaborators are injected: a `BatchSource` (the buffer client's `sample`), a
 `WeightPublisher`, a `MetricsSink`, a `Clock`, the `TrainEngine` and an optional
@@ -17,14 +18,13 @@ import numpy as np
 from tba.clock import Clock, SystemClock
 from tba.domain import Batch, SampleSpec, WeightVersion
 from tba.trainer.checkpoint import Checkpointer, LoopState
-from tba.trainer.collate import TrainBatch, collate
 from tba.trainer.config import TrainerSettings
 from tba.trainer.engine import TrainEngine
 from tba.trainer.loss import Objective, beta_at
 from tba.trainer.metrics import MetricsSink
 from tba.trainer.optim import RewardDecay
 from tba.trainer.reference import ReferenceResets
-from tba.trainer.step import StepResult, accumulate_gradients, plan_layout, policy_logprob_fn
+from tba.trainer.step import Scoring, step_metrics, train_on_batch
 
 
 class BatchSource(Protocol):
@@ -74,37 +74,39 @@ class TrainerLoop:
         return self.state
 
     def train_step(self) -> dict[str, float]:
+        """One step, each phase timed: draw a batch, train on it (`trainer.step`), publish
+        every k steps, checkpoint, log."""
+        s = self.settings
         started = self.clock.monotonic()
+        # Draw: rank 0 waits for enough prompt groups; every rank trains on its batch.
         batch = self.next_batch()
         waited = self.clock.monotonic()
-        beta = beta_at(
-            self.state.step,
-            self.settings.beta_start,
-            self.settings.beta_end,
-            self.settings.beta_anneal_steps,
+        beta = beta_at(self.state.step, s.beta_start, s.beta_end, s.beta_anneal_steps)
+        # Train: collate, reference and policy log-probs, loss, backward, optimizer step.
+        result = train_on_batch(
+            batch,
+            engine=self.engine,
+            objective=self.objective,
+            reference=self.reference,
+            scoring=Scoring(self.temperature, self.pad_token_id),
+            micro_batch_size=s.micro_batch_size,
+            beta=beta,
+            step=self.state.step,
+            reward_decay=self.reward_decay,
         )
-        train = self.reference.relabel(collate(batch))
-        lr = self.engine.lr()
-        result = self._gradients(train, beta)
-        if self.reward_decay is not None:
-            # Before the step, whose schedule update sets the next step's rate from it.
-            self.reward_decay.observe(float(train.inputs.reward.mean()))
-            self.state.reward_decay = self.reward_decay.state
-        grad_norm = self.engine.step()
-        self.state.step += 1
-        self.state.beta = beta
-        if self.reference.due(self.state.step):
-            self.reference.reset(self.engine.model)
+        self._advance(beta)
         computed = self.clock.monotonic()
-        if self.state.step % self.settings.publish_every_steps == 0:
+        # Publish the weights every k steps.
+        if self.state.step % s.publish_every_steps == 0:
             self.publish()
         published = self.clock.monotonic()
+        # Checkpoint every n steps (the final state is saved by `run`).
         if self._checkpoint_due():
             assert self.checkpointer is not None
             self.checkpointer.save(self.state, self.reference)
         done = self.clock.monotonic()
         times = (waited - started, computed - waited, published - computed, done - published)
-        values = self._values(train, result, grad_norm, lr, times)
+        values = step_metrics(result, beta=beta, version=self.state.version, times=times)
         if self.state.step % self.log_every_steps == 0:
             self.metrics.write(self.state.step, values)
         return values
@@ -152,12 +154,11 @@ class TrainerLoop:
             seed=int(seed.generate_state(1)[0]),
         )
 
-    def _gradients(self, train: TrainBatch, beta: float) -> StepResult:
-        layout = plan_layout(
-            train, self.settings.micro_batch_size, self.engine.rank, self.engine.world_size
-        )
-        logprobs = policy_logprob_fn(self.engine, self.temperature, self.pad_token_id)
-        return accumulate_gradients(self.engine, train, layout, self.objective, beta, logprobs)
+    def _advance(self, beta: float) -> None:
+        self.state.step += 1
+        self.state.beta = beta
+        if self.reward_decay is not None:
+            self.state.reward_decay = self.reward_decay.state
 
     def _checkpoint_due(self) -> bool:
         every = self.checkpoint_every_steps
@@ -168,36 +169,3 @@ class TrainerLoop:
             and self.state.step % every == 0
             and not last
         )
-
-    def _values(
-        self,
-        train: TrainBatch,
-        result: StepResult,
-        grad_norm: float,
-        lr: float,
-        times: tuple[float, float, float, float],
-    ) -> dict[str, float]:
-        wait_s, compute_s, publish_s, checkpoint_s = times
-        staleness = (train.latest_version - train.policy_version).clamp(min=0).float()
-        step_s = sum(times)
-        return {
-            "trainer/loss": result.loss,
-            "trainer/log_z": result.log_z,
-            "trainer/beta": self.state.beta,
-            "trainer/grad_norm": grad_norm,
-            "trainer/lr": lr,
-            "trainer/kl": result.kl,
-            "trainer/policy_logprob": result.policy_logprob,
-            "trainer/reward_mean": float(train.inputs.reward.mean()),
-            "trainer/samples": float(train.size),
-            "trainer/groups": float(train.inputs.num_groups),
-            "trainer/micro_batches": float(result.micro_batches),
-            "trainer/samples_per_s": train.size / step_s if step_s > 0 else 0.0,
-            "trainer/staleness_mean": float(staleness.mean()),
-            "trainer/staleness_max": float(staleness.max()),
-            "trainer/version": float(self.state.version),
-            "time/wait_data_s": wait_s,
-            "time/compute_s": compute_s,
-            "time/publish_s": publish_s,
-            "time/checkpoint_s": checkpoint_s,
-        }

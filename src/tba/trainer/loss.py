@@ -187,15 +187,3 @@ class Rloo:
     ) -> torch.Tensor:
         weights = importance_weights(policy_logprob, inputs.behavior_logprob, self.clip)
         return -weights * baselines * policy_logprob
-
-
-def tb_loss(
-    policy_logprob: torch.Tensor,
-    inputs: LossInputs,
-    beta: float,
-    clip: ImportanceClip | None = None,
-) -> torch.Tensor:
-    """The full-batch TB loss in one call (all groups present)."""
-    objective = TrajectoryBalance(clip)
-    baselines = objective.baselines(policy_logprob, inputs, beta)
-    return objective.terms(policy_logprob, inputs, beta, baselines).mean()

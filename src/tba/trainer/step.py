@@ -1,26 +1,42 @@
-"""One optimizer step's gradients: policy log-probs over micro-batches, the objective, and
-backward, so that the accumulated gradient equals that of the whole batch in one pass.
+"""One optimizer step on a drawn batch, read top to bottom in `train_on_batch`:
 
-Group constants (log Z, RLOO advantages) need every row of a group. When every group lies
-whole in one micro-batch (one process), each micro-batch computes them itself. Otherwise (a
-group split across micro-batches, or rows spread over data-parallel ranks) a no-grad pass
-first computes the policy log-prob of every row, the ranks exchange them, and the constants
-come from the whole batch; the gradient pass then uses those constants.
+    collate -> reference log-probs -> micro-batch layout -> [group constants first] ->
+    per micro-batch: policy log-probs, loss terms, backward -> clip + optimizer step ->
+    reference reset
+
+and `step_metrics`, what the loop logs of it. The loss is pure (`trainer.loss`); the engine
+(`trainer.engine`) owns forward contexts, backward, clipping, the optimizer and collectives.
+
+The accumulated gradient equals that of the whole batch in one pass. Group constants (log Z,
+RLOO advantages) need every row of a group. When every group lies whole in one micro-batch
+(one process), each micro-batch computes them itself. Otherwise (a group split across
+micro-batches, or rows spread over data-parallel ranks) a no-grad pass first computes the
+policy log-prob of every row, the ranks exchange them, and the constants come from the whole
+batch; the gradient pass then uses those constants.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from tba.domain import Batch
 from tba.models.logprobs import sequence_logprobs
-from tba.trainer.collate import TrainBatch, plan_micro_batches, shard_rows, splits_groups
+from tba.trainer.collate import TrainBatch, collate, plan_micro_batches, shard_rows, splits_groups
 from tba.trainer.engine import TrainEngine
 from tba.trainer.loss import Objective, group_mean
+from tba.trainer.optim import RewardDecay
+from tba.trainer.reference import ReferenceResets
 
-LogprobFn = Callable[[TrainBatch], torch.Tensor]
+
+@dataclass(frozen=True)
+class Scoring:
+    """How the policy scores rows: sequence log-probs of logits / `temperature` (the
+    searchers' sampling temperature), micro-batches padded with `pad_token_id`."""
+
+    temperature: float
+    pad_token_id: int
 
 
 @dataclass(frozen=True)
@@ -35,14 +51,72 @@ class Layout:
 
 
 @dataclass(frozen=True)
-class StepResult:
+class Gradients:
+    """What accumulating one batch's gradients measured (no optimizer step yet)."""
+
     loss: float
     log_z: float  # mean over groups of the group constant (TB: log Z; RLOO: mean advantage)
     policy_logprob: float  # mean sequence log-prob under the policy
     kl: float  # mean of log pi_theta - log pi_ref per sequence
-    rows: int
     micro_batches: int
     prepass: bool
+
+
+@dataclass(frozen=True)
+class StepResult:
+    gradients: Gradients
+    grad_norm: float  # before clipping
+    lr: float  # the rate this step trained at
+    reward_mean: float
+    samples: int
+    groups: int
+    staleness_mean: float  # versions behind the newest the buffer has seen
+    staleness_max: float
+
+
+def train_on_batch(
+    batch: Batch,
+    *,
+    engine: TrainEngine,
+    objective: Objective,
+    reference: ReferenceResets,
+    scoring: Scoring,
+    micro_batch_size: int,
+    beta: float,
+    step: int,
+    reward_decay: RewardDecay | None = None,
+) -> StepResult:
+    """Optimizer step `step + 1` on `batch`; every rank calls it with the same batch."""
+    # Collate: one row per trajectory, each keeping its prompt group (log Z is per group).
+    train = collate(batch)
+    # Reference log-probs: the searchers' stored ones, or after a reset the frozen copy's.
+    train = reference.relabel(train)
+    # The rate this step trains at (the optimizer step moves the schedule on).
+    lr = engine.lr()
+    # Policy log-probs, loss terms and backward over this rank's micro-batches; when a
+    # group is split, its constants (log Z, advantages) come first from the whole batch.
+    layout = plan_layout(train, micro_batch_size, engine.rank, engine.world_size)
+    gradients = accumulate_gradients(engine, train, layout, objective, beta, scoring)
+    reward_mean = float(train.inputs.reward.mean())
+    if reward_decay is not None:
+        # Before the optimizer step, whose schedule update sets the next step's rate from it.
+        reward_decay.observe(reward_mean)
+    # Clip, optimizer and schedule step, zeroed gradients (DeepSpeed clips in its own step).
+    grad_norm = engine.step()
+    # Reference reset (TBA'): every rho steps the reference becomes the policy just stepped.
+    if reference.due(step + 1):
+        reference.reset(engine.model)
+    staleness = (train.latest_version - train.policy_version).clamp(min=0).float()
+    return StepResult(
+        gradients,
+        grad_norm=grad_norm,
+        lr=lr,
+        reward_mean=reward_mean,
+        samples=train.size,
+        groups=train.inputs.num_groups,
+        staleness_mean=float(staleness.mean()),
+        staleness_max=float(staleness.max()),
+    )
 
 
 def plan_layout(batch: TrainBatch, micro_batch_size: int, rank: int, world_size: int) -> Layout:
@@ -56,17 +130,13 @@ def plan_layout(batch: TrainBatch, micro_batch_size: int, rank: int, world_size:
     return Layout(rows, mask, list(torch.split(positions, micro_batch_size)), True)
 
 
-def policy_logprob_fn(engine: TrainEngine, temperature: float, pad_token_id: int) -> LogprobFn:
-    """[n] differentiable policy sequence log-probs of a batch's rows."""
-
-    def logprobs(rows: TrainBatch) -> torch.Tensor:
-        with engine.forward_context():
-            values = sequence_logprobs(
-                engine.module, rows.prompts, rows.completions, temperature, pad_token_id
-            )
-        return values.float().cpu()
-
-    return logprobs
+def policy_logprobs(engine: TrainEngine, rows: TrainBatch, scoring: Scoring) -> torch.Tensor:
+    """[n] differentiable policy sequence log-probs of `rows`."""
+    with engine.forward_context():
+        values = sequence_logprobs(
+            engine.module, rows.prompts, rows.completions, scoring.temperature, scoring.pad_token_id
+        )
+    return values.float().cpu()
 
 
 def accumulate_gradients(
@@ -75,17 +145,17 @@ def accumulate_gradients(
     layout: Layout,
     objective: Objective,
     beta: float,
-    logprobs: LogprobFn,
-) -> StepResult:
+    scoring: Scoring,
+) -> Gradients:
     """Runs forward and backward over this rank's micro-batches (no optimizer step)."""
     n = batch.size
-    constants = _batch_constants(engine, batch, layout, objective, beta, logprobs)
+    constants = group_constants(engine, batch, layout, objective, beta, scoring)
     seen = torch.zeros(n)
     sums = torch.zeros(3)  # loss, policy log-prob, kl
     for i, positions in enumerate(layout.micro_batches):
         rows, mask = layout.rows[positions], layout.mask[positions]
         part = batch.select(rows)
-        logp = logprobs(part)
+        logp = policy_logprobs(engine, part, scoring)
         if constants is None:
             local = objective.baselines(logp, part.inputs, beta)
             seen[rows] = local
@@ -93,38 +163,31 @@ def accumulate_gradients(
             local = constants[rows]
         terms = objective.terms(logp, part.inputs, beta, local) * mask
         # DeepSpeed averages gradients over ranks: scale back up to the full-batch sum.
-        engine.backward(
-            terms.sum() * (engine.world_size / n), last=i == len(layout.micro_batches) - 1
-        )
+        last = i == len(layout.micro_batches) - 1
+        engine.backward(terms.sum() * (engine.world_size / n), last=last)
         lp = logp.detach()
-        sums += torch.stack(
-            [
-                terms.detach().sum() / n,
-                (lp * mask).sum(),
-                ((lp - part.inputs.ref_logprob) * mask).sum(),
-            ]
-        )
+        kl = lp - part.inputs.ref_logprob
+        sums += torch.stack([terms.detach().sum() / n, (lp * mask).sum(), (kl * mask).sum()])
     sums = engine.all_reduce_sum(sums)
     per_row = constants if constants is not None else seen
     log_z = group_mean(per_row, batch.inputs.group_index, batch.inputs.num_groups).mean()
-    return StepResult(
+    return Gradients(
         loss=float(sums[0]),
         log_z=float(log_z),
         policy_logprob=float(sums[1]) / n,
         kl=float(sums[2]) / n,
-        rows=n,
         micro_batches=len(layout.micro_batches),
         prepass=layout.needs_prepass,
     )
 
 
-def _batch_constants(
+def group_constants(
     engine: TrainEngine,
     batch: TrainBatch,
     layout: Layout,
     objective: Objective,
     beta: float,
-    logprobs: LogprobFn,
+    scoring: Scoring,
 ) -> torch.Tensor | None:
     """[n] group constants from a no-grad pass over the whole batch, or None when each
     micro-batch can compute its own."""
@@ -132,10 +195,46 @@ def _batch_constants(
         return None
     order = torch.cat(layout.micro_batches)
     with torch.no_grad():
-        local = torch.cat([logprobs(batch.select(layout.rows[p])) for p in layout.micro_batches])
+        local = torch.cat(
+            [
+                policy_logprobs(engine, batch.select(layout.rows[p]), scoring)
+                for p in layout.micro_batches
+            ]
+        )
     every_logp = engine.all_gather(local)
     every_row = engine.all_gather(layout.rows[order])
     real = engine.all_gather(layout.mask[order]) > 0
     full = torch.zeros(batch.size)
     full[every_row[real]] = every_logp[real]
     return objective.baselines(full, batch.inputs, beta)
+
+
+def step_metrics(
+    result: StepResult, *, beta: float, version: int, times: tuple[float, float, float, float]
+) -> dict[str, float]:
+    """The values the loop logs for a step; `times`: waiting for data, computing, publishing,
+    checkpointing, in seconds."""
+    wait_s, compute_s, publish_s, checkpoint_s = times
+    step_s = sum(times)
+    g = result.gradients
+    return {
+        "trainer/loss": g.loss,
+        "trainer/log_z": g.log_z,
+        "trainer/beta": beta,
+        "trainer/grad_norm": result.grad_norm,
+        "trainer/lr": result.lr,
+        "trainer/kl": g.kl,
+        "trainer/policy_logprob": g.policy_logprob,
+        "trainer/reward_mean": result.reward_mean,
+        "trainer/samples": float(result.samples),
+        "trainer/groups": float(result.groups),
+        "trainer/micro_batches": float(g.micro_batches),
+        "trainer/samples_per_s": result.samples / step_s if step_s > 0 else 0.0,
+        "trainer/staleness_mean": result.staleness_mean,
+        "trainer/staleness_max": result.staleness_max,
+        "trainer/version": float(version),
+        "time/wait_data_s": wait_s,
+        "time/compute_s": compute_s,
+        "time/publish_s": publish_s,
+        "time/checkpoint_s": checkpoint_s,
+    }
