@@ -24,6 +24,7 @@ import numpy as np
 from tba.clock import Clock
 from tba.domain import AddResult, FinishReason, Prompt, Trajectory, pack_tokens
 from tba.errors import UnavailableError
+from tba.retry import Backoff, retry
 from tba.searcher.config import SearcherSettings
 from tba.searcher.engine import Completion
 from tba.tasks.base import Rewarder, batch_rewards
@@ -225,17 +226,20 @@ class RoundFinisher:
         """One AddTrajectories call under one request id, retried with the same id when the
         buffer stays unavailable past the client's own retries (no duplicates stored)."""
         request_id = uuid.uuid4().hex
-        for attempt in range(self.settings.add_retries + 1):
-            try:
-                self.buffer.add_trajectories(
-                    chunk, self.searcher_id, lease_id=lease_id, request_id=request_id
-                )
-                return
-            except UnavailableError as exc:
-                if attempt == self.settings.add_retries:
-                    raise
-                log.warning("adding trajectories failed (%s); retry %d", exc, attempt + 1)
-                self.clock.sleep(self.settings.idle_poll_s)
+        wait_s = self.settings.idle_poll_s
+        retry(
+            lambda: self.buffer.add_trajectories(
+                chunk, self.searcher_id, lease_id=lease_id, request_id=request_id
+            ),
+            Backoff(self.settings.add_retries, wait_s, wait_s),
+            retry_on=lambda exc: isinstance(exc, UnavailableError),
+            on_retry=_log_add_retry,
+            sleep=self.clock.sleep,
+        )
+
+
+def _log_add_retry(exc: Exception, number: int, wait_s: float) -> None:
+    log.warning("adding trajectories failed (%s); retry %d", exc, number)
 
 
 def round_values(

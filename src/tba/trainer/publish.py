@@ -25,6 +25,7 @@ from tba.objectstore.weights import (
     read_latest,
     version_key,
 )
+from tba.retry import Backoff, retry
 from tba.trainer.engine import TrainEngine
 
 log = logging.getLogger(__name__)
@@ -85,29 +86,32 @@ class StorePublisher:
     def _write(self, attempts: _Attempts) -> WeightVersion:
         """Writes the version, retrying `UnavailableError` with backoff (doubling up to
         `MAX_RETRY_BACKOFF_S`); raises PublishFailedError once the retries are spent."""
-        backoff_s = self.retry_backoff_s
         started_s = time.monotonic()
-        for retry in range(self.retries + 1):
-            try:
-                return self._attempt(attempts)
-            except UnavailableError as exc:
-                if retry == self.retries:
-                    raise PublishFailedError(
-                        f"could not publish weight version {attempts.version} to "
-                        f"{self.store.uri}: the store stayed unreachable through {self.retries} "
-                        f"retries over {time.monotonic() - started_s:.1f} s ({exc})"
-                    ) from exc
-                log.warning(
-                    "publishing weight version %d failed (%s), retry %d of %d in %.1f s",
-                    attempts.version,
-                    exc,
-                    retry + 1,
-                    self.retries,
-                    backoff_s,
-                )
-                self.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, MAX_RETRY_BACKOFF_S)
-        raise AssertionError("unreachable")
+
+        def log_retry(exc: Exception, number: int, wait_s: float) -> None:
+            log.warning(
+                "publishing weight version %d failed (%s), retry %d of %d in %.1f s",
+                attempts.version,
+                exc,
+                number,
+                self.retries,
+                wait_s,
+            )
+
+        try:
+            return retry(
+                lambda: self._attempt(attempts),
+                Backoff(self.retries, self.retry_backoff_s, MAX_RETRY_BACKOFF_S),
+                retry_on=lambda exc: isinstance(exc, UnavailableError),
+                on_retry=log_retry,
+                sleep=self.sleep,
+            )
+        except UnavailableError as exc:
+            raise PublishFailedError(
+                f"could not publish weight version {attempts.version} to "
+                f"{self.store.uri}: the store stayed unreachable through {self.retries} "
+                f"retries over {time.monotonic() - started_s:.1f} s ({exc})"
+            ) from exc
 
     def _attempt(self, attempts: _Attempts) -> WeightVersion:
         latest = read_latest(self.store)

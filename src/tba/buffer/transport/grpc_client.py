@@ -9,7 +9,6 @@ With `auth_token` set every call carries it as `authorization: Bearer` metadata;
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -21,6 +20,7 @@ from tba.buffer.access import AUTHORIZATION, bearer_header
 from tba.buffer.config import BufferClientSettings
 from tba.buffer.transport import proto_convert
 from tba.buffer.transport.grpc_status import error_from_rpc
+from tba.retry import Backoff, retry
 from tba.v1 import buffer_pb2 as pb
 from tba.v1 import buffer_pb2_grpc as pb_grpc
 
@@ -133,20 +133,24 @@ class BufferClient:
         return proto_convert.run_from_pb(response.run) if response.registered else None
 
     def _call(self, method: Callable[..., T], request: object) -> T:
-        backoff_s = self.settings.retry_backoff_s
-        for attempt in range(self.settings.retries + 1):
-            try:
-                return method(request, timeout=self.settings.timeout_s, metadata=self._metadata)
-            except grpc.RpcError as exc:
-                retryable = exc.code() in _RETRYABLE
-                if not retryable or attempt == self.settings.retries:
-                    raise error_from_rpc(exc) from exc
-                log.warning(
-                    "buffer call failed (%s), retry %d in %.1f s",
-                    exc.code(),
-                    attempt + 1,
-                    backoff_s,
-                )
-                time.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, _MAX_BACKOFF_S)
-        raise AssertionError("unreachable")
+        """`method(request)`, retried while the service is unavailable; its final error as
+        the domain error of its status code."""
+        backoff = Backoff(self.settings.retries, self.settings.retry_backoff_s, _MAX_BACKOFF_S)
+        try:
+            return retry(
+                lambda: method(request, timeout=self.settings.timeout_s, metadata=self._metadata),
+                backoff,
+                retry_on=_retryable,
+                on_retry=_log_retry,
+            )
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from exc
+
+
+def _retryable(exc: Exception) -> bool:
+    return isinstance(exc, grpc.RpcError) and exc.code() in _RETRYABLE
+
+
+def _log_retry(exc: Exception, number: int, wait_s: float) -> None:
+    code = exc.code() if isinstance(exc, grpc.RpcError) else exc
+    log.warning("buffer call failed (%s), retry %d in %.1f s", code, number, wait_s)
