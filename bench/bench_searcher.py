@@ -45,10 +45,10 @@ from tba.buffer.config import BufferClientSettings
 from tba.buffer.transport.grpc_client import BufferClient
 from tba.models.config import ModelSettings
 from tba.objectstore.config import ObjectStoreSettings
-from tba.searcher.config import EngineSettings, SearcherSettings
+from tba.searcher.config import EngineSettings, SearcherRunSettings, SearcherSettings
 from tba.searcher.engine import SamplingParams
 from tba.searcher.finish import ReferenceModel
-from tba.searcher.main import Searcher, SearcherRunSettings, build_searcher
+from tba.searcher.main import Searcher, build_searcher
 from tba.tasks.base import Split
 from tba.tasks.config import TaskSettings
 from tba.tasks.registry import build_task

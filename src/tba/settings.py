@@ -2,21 +2,28 @@
 TOML run file, and overrides from command-line flags (highest priority).
 
 Sections are plain pydantic models (`Section`); each command has a root `CommandSettings`
-naming the sections it uses. A run file holds the sections of every command of a run: it is
-validated against the sections of all of them (`run_sections`), and each command takes only its
-own. Only entry points call `load_settings`.
+naming the sections it uses (in its package's config.py). A run file holds the sections of
+every command of a run: it is validated against the sections of all of them (`run_sections`),
+and each command takes only its own. Only entry points call `load_settings`.
 """
 
 from __future__ import annotations
 
-import contextvars
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -24,12 +31,13 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-# The run file's sections of the command being built (a source below env vars).
-_FILE_SECTIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
-    "tba_file_sections", default=None
-)
-
 S = TypeVar("S", bound="CommandSettings")
+# The key under which `resolve` hands the run file's sections to the sources, next to the
+# flags' values: it holds a dot, and `nest_dotted` splits every flag key at its dots, so no
+# flag can spell it.
+_RUN_FILE_KEY = "run.file"
+# The key under which `ExplicitSettings`'s sources hand what they provided to its validator.
+_RECORDS_KEY = "recorded.sources"
 
 
 class Section(BaseModel):
@@ -57,6 +65,13 @@ class CommandSettings(BaseSettings):
         return {}
 
     @classmethod
+    def resolve(cls, overrides: dict[str, Any], run_file_sections: dict[str, Any] | None) -> Self:
+        """The settings from nested `overrides` (flags), env vars, the run file's sections
+        (None: no run file, then `without_run_file()`) and defaults, in that priority."""
+        given: dict[str, Any] = {**overrides, _RUN_FILE_KEY: run_file_sections}
+        return cls(**given)
+
+    @classmethod
     def settings_customise_sources(
         cls,
         settings_cls: type[BaseSettings],
@@ -65,7 +80,8 @@ class CommandSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        file_sections = _FILE_SECTIONS.get()
+        assert isinstance(init_settings, InitSettingsSource)
+        file_sections = init_settings.init_kwargs.pop(_RUN_FILE_KEY, None)
         if file_sections is None:
             file_sections = cls.without_run_file()
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
@@ -83,6 +99,102 @@ class CommandSettings(BaseSettings):
     def to_toml(self) -> str:
         """The resolved settings as a TOML run config (None values left out)."""
         return tomli_w.dumps(drop_none(self.model_dump(mode="json")))
+
+
+class _Recording(PydanticBaseSettingsSource):
+    """A settings source that notes what it provides: what the user set, not defaults."""
+
+    def __init__(self, inner: PydanticBaseSettingsSource, into: list[dict[str, Any]]) -> None:
+        super().__init__(inner.settings_cls)
+        self._inner = inner
+        self._into = into
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._inner.get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        values = self._inner()
+        self._into.append(values)
+        return values
+
+
+class _Records(PydanticBaseSettingsSource):
+    """The lowest source: what the recording sources above it provided, for the validator."""
+
+    def __init__(self, settings_cls: type[BaseSettings], records: list[dict[str, Any]]) -> None:
+        super().__init__(settings_cls)
+        self._records = records
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {_RECORDS_KEY: self._records}
+
+
+class ExplicitSettings(BaseSettings):
+    """Root settings that remember which fields the user set (`explicit`), by any source."""
+
+    _explicit: dict[str, Any] | None = PrivateAttr(default=None)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        records: list[dict[str, Any]] = []
+        chosen = super().settings_customise_sources(
+            settings_cls,
+            init_settings=init_settings,
+            env_settings=env_settings,
+            dotenv_settings=dotenv_settings,
+            file_secret_settings=file_secret_settings,
+        )
+        recording = (_Recording(source, records) for source in chosen)
+        return (*recording, _Records(settings_cls, records))
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_explicit(
+        cls, data: Any, handler: ModelWrapValidatorHandler[ExplicitSettings]
+    ) -> ExplicitSettings:
+        records = None
+        if isinstance(data, dict) and _RECORDS_KEY in data:
+            records = data[_RECORDS_KEY]
+            data = {key: value for key, value in data.items() if key != _RECORDS_KEY}
+        settings = handler(data)
+        if records is not None:
+            merged: dict[str, Any] = {}
+            for values in reversed(records):  # lowest priority first
+                deep_update(merged, values)
+            settings._explicit = merged
+        return settings
+
+    def explicit(self, section: str) -> dict[str, Any]:
+        """An `include` spec of the section's fields the user set; every field when this
+        object was not built from sources (then nothing is known to be a default)."""
+        if self._explicit is None:
+            return _include_all(getattr(self, section).model_dump())
+        return _include_all(self._explicit.get(section, {}))
+
+
+def deep_update(into: dict[str, Any], values: dict[str, Any]) -> None:
+    """Merges `values` into `into`, section by section: nested dicts merge, the rest replaces."""
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            deep_update(into[key], value)
+        else:
+            into[key] = value
+
+
+def _include_all(values: Any) -> dict[str, Any]:
+    if not isinstance(values, dict):
+        return {}
+    return {k: _include_all(v) if isinstance(v, dict) else True for k, v in values.items()}
 
 
 class RunFileError(ValueError):
@@ -103,11 +215,7 @@ def load_settings(
     if toml_file is not None:
         data = validate_run_file(toml_file, run_sections or cls.sections())
         file_sections = {name: data[name] for name in cls.model_fields if name in data}
-    token = _FILE_SECTIONS.set(file_sections)
-    try:
-        return cls(**nest_dotted(overrides or {}))
-    finally:
-        _FILE_SECTIONS.reset(token)
+    return cls.resolve(nest_dotted(overrides or {}), file_sections)
 
 
 def read_run_file(path: Path) -> dict[str, Any]:

@@ -26,8 +26,8 @@ from tba.models.logprobs import sequence_logprobs
 from tba.objectstore.config import ObjectStoreSettings
 from tba.objectstore.local import FileStore
 from tba.objectstore.weights import publish_weights, version_key
-from tba.searcher.config import EngineSettings, SearcherSettings
-from tba.searcher.main import Searcher, SearcherRunSettings, build_searcher
+from tba.searcher.config import EngineSettings, SearcherRunSettings, SearcherSettings
+from tba.searcher.main import Searcher, build_searcher
 from tba.tasks.arithmetic import ArithmeticTask
 from tba.tasks.base import Split
 from tba.tasks.config import ArithmeticSettings, TaskSettings

@@ -9,8 +9,7 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from tba.buffer.access import bearer_authorizes, bearer_header, redact_url
-from tba.buffer.config import BufferClientSettings, BufferSettings
-from tba.buffer.main import BufferServeSettings
+from tba.buffer.config import BufferClientSettings, BufferServeSettings, BufferSettings
 from tba.buffer.memory_store import MemoryStore
 from tba.buffer.server import store_limits
 from tba.buffer.service import BufferService

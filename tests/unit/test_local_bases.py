@@ -9,8 +9,7 @@ from tba.local.bases import (
     verified_base,
     write_checksums,
 )
-from tba.local.config import BootstrapSettings, LocalSettings
-from tba.local.main import LocalRunSettings
+from tba.local.config import BootstrapSettings, LocalRunSettings, LocalSettings
 from tba.local.run import LocalRun
 from tba.tasks.arithmetic import ArithmeticTask
 

@@ -4,10 +4,10 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from tba.local import children
-from tba.local.main import LocalRunSettings
-from tba.searcher.main import SearcherRunSettings
+from tba.local.config import LocalRunSettings
+from tba.searcher.config import SearcherRunSettings
 from tba.settings import load_settings
-from tba.trainer.main import TrainerRunSettings
+from tba.trainer.config import TrainerRunSettings
 
 
 def _settings(tmp_path: Path, **local: object) -> LocalRunSettings:

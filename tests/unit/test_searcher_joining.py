@@ -9,8 +9,8 @@ import pytest
 
 from tba.models.config import ModelSettings
 from tba.runs import Run, RunIdentity, RunRecipe, canonical_json, prompt_template_sha256
+from tba.searcher.config import SearcherRunSettings
 from tba.searcher.joining import adopt_run, settings_identity
-from tba.searcher.main import SearcherRunSettings
 from tba.settings import load_settings
 from tba.tasks.config import Gsm8kSettings, TaskSettings
 

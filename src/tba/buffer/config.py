@@ -1,4 +1,5 @@
-"""Settings of the buffer service and of its clients."""
+"""Settings of the buffer service and of its clients, and the root settings of
+`tba buffer serve` (`BufferServeSettings`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Self
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from tba.settings import Section
+from tba.settings import CommandSettings, Section
 
 MIB = 1024 * 1024
 
@@ -166,3 +167,7 @@ class BufferClientSettings(Section):
         description="PEM certificate(s) that sign the buffer's TLS certificate; set: the "
         "client speaks TLS and checks the server against them. Unset: plaintext gRPC.",
     )
+
+
+class BufferServeSettings(CommandSettings):
+    buffer: BufferSettings = BufferSettings()

@@ -5,15 +5,11 @@ from __future__ import annotations
 import asyncio
 
 from tba.buffer.access import redact_url
-from tba.buffer.config import BufferSettings
+from tba.buffer.config import BufferServeSettings, BufferSettings
 from tba.commandline import Flag
 from tba.settings import CommandSettings
 
 HELP = "Run the replay-buffer service (gRPC for searchers and trainer, REST for people)."
-
-
-class BufferServeSettings(CommandSettings):
-    buffer: BufferSettings = BufferSettings()
 
 
 SETTINGS = BufferServeSettings

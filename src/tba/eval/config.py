@@ -1,4 +1,5 @@
-"""`[eval]`: how `tba eval` samples the policy and what it reports."""
+"""`[eval]`: how `tba eval` samples the policy and what it reports; `EvalRunSettings`, the root
+settings of `tba eval`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from tba.settings import Section
+from tba.models.config import ModelSettings
+from tba.settings import CommandSettings, Section
+from tba.tasks.config import TaskSettings
 
 
 class EvalSettings(Section):
@@ -55,3 +58,9 @@ class EvalSettings(Section):
     show_samples: int = Field(
         3, ge=0, le=1000, description="Samples printed below the metrics (all go to the JSON)."
     )
+
+
+class EvalRunSettings(CommandSettings):
+    eval: EvalSettings = EvalSettings()
+    model: ModelSettings = ModelSettings()
+    task: TaskSettings = TaskSettings()

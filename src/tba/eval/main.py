@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from tba.commandline import Flag
 from tba.errors import InvalidArgumentError
-from tba.eval.config import EvalSettings
+from tba.eval.config import EvalRunSettings, EvalSettings
 from tba.models.config import ModelSettings
 from tba.settings import CommandSettings
-from tba.tasks.config import TaskSettings
 
 if TYPE_CHECKING:
     from tba.domain import Prompt
@@ -30,12 +29,6 @@ if TYPE_CHECKING:
 
 HELP = "Evaluate a policy on a task's held-out prompts (pass@1, win rate, attack success)."
 log = logging.getLogger(__name__)
-
-
-class EvalRunSettings(CommandSettings):
-    eval: EvalSettings = EvalSettings()
-    model: ModelSettings = ModelSettings()
-    task: TaskSettings = TaskSettings()
 
 
 SETTINGS = EvalRunSettings

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tomli_w
 
+from tba.local.config import LocalRunSettings
 from tba.settings import drop_none
-
-if TYPE_CHECKING:
-    from tba.local.main import LocalRunSettings
 
 SECRET_FIELDS = ("access_key_id", "secret_access_key")
 

@@ -1,16 +1,20 @@
 """Settings of `tba local`: `[local]` (the run), `[bootstrap]` (the demo's own base model), and
 the settings of the arithmetic demo on 2 CPU cores (`demo_sections`), which `tba local` runs
 when no run file is given (configs/arithmetic-demo.toml holds the same). Each child gets its
-sections as a TOML run config in the run directory."""
+sections as a TOML run config in the run directory. `LocalRunSettings` is the root."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from tba.searcher.config import SearcherSettings
-from tba.settings import Section
+from tba.buffer.config import BufferSettings
+from tba.models.config import ModelSettings
+from tba.objectstore.config import ObjectStoreSettings
+from tba.searcher.config import EngineSettings, SearcherSettings
+from tba.settings import CommandSettings, Section
+from tba.tasks.config import TaskSettings
 from tba.trainer.config import OptimSettings, TrainerSettings
 
 
@@ -186,3 +190,30 @@ def demo_optim() -> OptimSettings:
         min_lr_ratio=0.05,
         max_grad_norm=1.0,
     )
+
+
+class LocalRunSettings(CommandSettings):
+    """The services' own defaults, so that a run file means the same to `tba local` as to
+    each service; with no run file, the arithmetic demo's settings (`demo_sections`)."""
+
+    local: LocalSettings = LocalSettings()
+    bootstrap: BootstrapSettings = BootstrapSettings()
+    task: TaskSettings = TaskSettings()
+    trainer: TrainerSettings = TrainerSettings()
+    optim: OptimSettings = OptimSettings()
+    searcher: SearcherSettings = SearcherSettings()
+    engine: EngineSettings = EngineSettings()
+    # One machine's buffer, on ports free at the time (the children are told its address).
+    buffer: BufferSettings = BufferSettings(grpc_port=0, http_port=0)
+    objectstore: ObjectStoreSettings = ObjectStoreSettings()
+    model: ModelSettings = ModelSettings()
+
+    @classmethod
+    def without_run_file(cls) -> dict[str, Any]:
+        return demo_sections()
+
+    @model_validator(mode="after")
+    def _run_paths(self) -> LocalRunSettings:
+        if "uri" not in self.objectstore.model_fields_set:
+            self.objectstore.uri = f"file://{self.local.run_dir}/weights"
+        return self

@@ -11,49 +11,13 @@ summary table, a PNG plot and JSONL metrics in the run directory.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from pydantic import model_validator
-
-from tba.buffer.config import BufferSettings
 from tba.commandline import Flag
-from tba.local.config import BootstrapSettings, LocalSettings, demo_sections
-from tba.models.config import ModelSettings
-from tba.objectstore.config import ObjectStoreSettings
-from tba.searcher.config import EngineSettings, SearcherSettings
+from tba.local.config import LocalRunSettings
 from tba.settings import CommandSettings
-from tba.tasks.config import TaskSettings
-from tba.trainer.config import OptimSettings, TrainerSettings
 
 HELP = "Run buffer, trainer and searchers together on this machine (the demo)."
 log = logging.getLogger(__name__)
-
-
-class LocalRunSettings(CommandSettings):
-    """The services' own defaults, so that a run file means the same to `tba local` as to
-    each service; with no run file, the arithmetic demo's settings (`demo_sections`)."""
-
-    local: LocalSettings = LocalSettings()
-    bootstrap: BootstrapSettings = BootstrapSettings()
-    task: TaskSettings = TaskSettings()
-    trainer: TrainerSettings = TrainerSettings()
-    optim: OptimSettings = OptimSettings()
-    searcher: SearcherSettings = SearcherSettings()
-    engine: EngineSettings = EngineSettings()
-    # One machine's buffer, on ports free at the time (the children are told its address).
-    buffer: BufferSettings = BufferSettings(grpc_port=0, http_port=0)
-    objectstore: ObjectStoreSettings = ObjectStoreSettings()
-    model: ModelSettings = ModelSettings()
-
-    @classmethod
-    def without_run_file(cls) -> dict[str, Any]:
-        return demo_sections()
-
-    @model_validator(mode="after")
-    def _run_paths(self) -> LocalRunSettings:
-        if "uri" not in self.objectstore.model_fields_set:
-            self.objectstore.uri = f"file://{self.local.run_dir}/weights"
-        return self
 
 
 SETTINGS = LocalRunSettings

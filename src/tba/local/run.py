@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from tba.local import children
+from tba.local.config import LocalRunSettings
 from tba.local.evaluator import Evaluator, GreedyAccuracy, VersionWatcher
-from tba.local.main import LocalRunSettings
 from tba.local.progress import ProgressView
 from tba.local.report import plot, read_jsonl, summarize
 from tba.local.supervisor import Child, Supervisor

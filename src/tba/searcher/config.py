@@ -1,6 +1,7 @@
 """Settings of a searcher (`tba searcher run`): `[searcher]` (the loop) and `[engine]` (how it
 generates). The model is `[model]` (tba.models.config), the task `[task]`, the buffer
-`[client]` and the weights `[objectstore]`, as for the trainer."""
+`[client]` and the weights `[objectstore]`, as for the trainer; the root settings of the
+command (`SearcherRunSettings`) name them all."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from tba.settings import Section
+from tba.buffer.config import BufferClientSettings
+from tba.models.config import ModelSettings
+from tba.objectstore.config import ObjectStoreSettings
+from tba.settings import CommandSettings, ExplicitSettings, Section
+from tba.tasks.config import TaskSettings
 
 
 class SearcherSettings(Section):
@@ -141,3 +146,15 @@ class EngineSettings(Section):
     cpu_kvcache_gib: float = Field(
         1.0, gt=0.0, le=1024.0, description="vLLM on CPU: KV-cache size (VLLM_CPU_KVCACHE_SPACE)."
     )
+
+
+class SearcherRunSettings(ExplicitSettings, CommandSettings):
+    """The searcher's sections. Its task, model, `searcher.temperature` and
+    `searcher.max_new_tokens` come from the buffer's run wherever they are not set here."""
+
+    searcher: SearcherSettings = SearcherSettings()
+    engine: EngineSettings = EngineSettings()
+    model: ModelSettings = ModelSettings()
+    task: TaskSettings = TaskSettings()
+    client: BufferClientSettings = BufferClientSettings()
+    objectstore: ObjectStoreSettings = ObjectStoreSettings()

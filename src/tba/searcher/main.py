@@ -15,15 +15,10 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from tba.buffer.config import BufferClientSettings
 from tba.commandline import Flag
 from tba.errors import FailedPreconditionError
-from tba.models.config import ModelSettings
-from tba.objectstore.config import ObjectStoreSettings
-from tba.searcher.config import EngineSettings, SearcherSettings
-from tba.searcher.joining import ExplicitSettings
+from tba.searcher.config import SearcherRunSettings
 from tba.settings import CommandSettings
-from tba.tasks.config import TaskSettings
 
 if TYPE_CHECKING:
     from tba.buffer.transport.grpc_client import BufferClient
@@ -38,18 +33,6 @@ if TYPE_CHECKING:
 HELP = "Generate and score completions of the buffer's prompts with the latest weights."
 log = logging.getLogger(__name__)
 SEED_CHUNK_PROMPTS = 1000
-
-
-class SearcherRunSettings(ExplicitSettings, CommandSettings):
-    """The searcher's sections. Its task, model, `searcher.temperature` and
-    `searcher.max_new_tokens` come from the buffer's run wherever they are not set here."""
-
-    searcher: SearcherSettings = SearcherSettings()
-    engine: EngineSettings = EngineSettings()
-    model: ModelSettings = ModelSettings()
-    task: TaskSettings = TaskSettings()
-    client: BufferClientSettings = BufferClientSettings()
-    objectstore: ObjectStoreSettings = ObjectStoreSettings()
 
 
 SETTINGS = SearcherRunSettings

@@ -1,5 +1,6 @@
 """Settings of the trainer (`tba trainer run`): `[trainer]`, `[optim]`, `[checkpoint]`,
-`[metrics]` and `[distributed]`; `[model]` is `tba.models.config.ModelSettings`."""
+`[metrics]` and `[distributed]`; `[model]` is `tba.models.config.ModelSettings`. The root
+settings of the command (`TrainerRunSettings`) name every section the trainer reads."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tba.settings import Section
+from tba.buffer.config import BufferClientSettings
+from tba.models.config import ModelSettings
+from tba.objectstore.config import ObjectStoreSettings
+from tba.searcher.config import SearcherSettings
+from tba.settings import CommandSettings, Section
+from tba.tasks.config import TaskSettings
 
 
 class TrainerSettings(Section):
@@ -213,3 +219,37 @@ class DistributedSettings(Section):
     comm_backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto", description="torch.distributed backend; `auto`: nccl on GPUs, gloo on CPU."
     )
+
+
+class TrainerRunSettings(CommandSettings):
+    trainer: TrainerSettings = TrainerSettings()
+    model: ModelSettings = ModelSettings()
+    optim: OptimSettings = OptimSettings()
+    checkpoint: CheckpointSettings = CheckpointSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    distributed: DistributedSettings = DistributedSettings()
+    objectstore: ObjectStoreSettings = ObjectStoreSettings()
+    client: BufferClientSettings = BufferClientSettings()
+    # The run's generation settings (the sampling temperature, which the trainer divides
+    # logits by, and the completion length) and its task: one definition for both sides.
+    searcher: SearcherSettings = SearcherSettings()
+    task: TaskSettings = TaskSettings()
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> TrainerRunSettings:
+        zero3 = self.distributed.backend == "deepspeed" and self.distributed.zero_stage == 3
+        if zero3 and self.trainer.reference_reset_steps > 0:
+            raise ValueError("reference resets need full weights on each rank: not with ZeRO-3")
+        deprecated = self.trainer.temperature
+        if deprecated is not None and deprecated != self.searcher.temperature:
+            raise ValueError(
+                f"trainer.temperature ({deprecated}, deprecated) differs from "
+                f"searcher.temperature ({self.searcher.temperature}), the sampling temperature "
+                "the trainer divides logits by: set only searcher.temperature"
+            )
+        return self
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature: log-probs are of logits / temperature."""
+        return self.searcher.temperature

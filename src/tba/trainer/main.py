@@ -14,21 +14,11 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import model_validator
-
-from tba.buffer.config import BufferClientSettings
 from tba.commandline import Flag
 from tba.errors import FailedPreconditionError
-from tba.models.config import ModelSettings
-from tba.objectstore.config import ObjectStoreSettings
-from tba.searcher.config import SearcherSettings
 from tba.settings import CommandSettings
-from tba.tasks.config import TaskSettings
 from tba.trainer.config import (
-    CheckpointSettings,
-    DistributedSettings,
-    MetricsSettings,
-    OptimSettings,
+    TrainerRunSettings,
     TrainerSettings,
 )
 
@@ -40,40 +30,6 @@ if TYPE_CHECKING:
 
 HELP = "Train the policy with Trajectory Balance on batches from the buffer; publish weights."
 log = logging.getLogger(__name__)
-
-
-class TrainerRunSettings(CommandSettings):
-    trainer: TrainerSettings = TrainerSettings()
-    model: ModelSettings = ModelSettings()
-    optim: OptimSettings = OptimSettings()
-    checkpoint: CheckpointSettings = CheckpointSettings()
-    metrics: MetricsSettings = MetricsSettings()
-    distributed: DistributedSettings = DistributedSettings()
-    objectstore: ObjectStoreSettings = ObjectStoreSettings()
-    client: BufferClientSettings = BufferClientSettings()
-    # The run's generation settings (the sampling temperature, which the trainer divides
-    # logits by, and the completion length) and its task: one definition for both sides.
-    searcher: SearcherSettings = SearcherSettings()
-    task: TaskSettings = TaskSettings()
-
-    @model_validator(mode="after")
-    def _check_combinations(self) -> TrainerRunSettings:
-        zero3 = self.distributed.backend == "deepspeed" and self.distributed.zero_stage == 3
-        if zero3 and self.trainer.reference_reset_steps > 0:
-            raise ValueError("reference resets need full weights on each rank: not with ZeRO-3")
-        deprecated = self.trainer.temperature
-        if deprecated is not None and deprecated != self.searcher.temperature:
-            raise ValueError(
-                f"trainer.temperature ({deprecated}, deprecated) differs from "
-                f"searcher.temperature ({self.searcher.temperature}), the sampling temperature "
-                "the trainer divides logits by: set only searcher.temperature"
-            )
-        return self
-
-    @property
-    def temperature(self) -> float:
-        """The sampling temperature: log-probs are of logits / temperature."""
-        return self.searcher.temperature
 
 
 SETTINGS = TrainerRunSettings

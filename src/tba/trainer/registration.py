@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tba.runs import Run, RunIdentity, RunRecipe, canonical_json, combined, generation_identity
+from tba.trainer.config import TrainerRunSettings
 
 if TYPE_CHECKING:
     from tba.buffer.transport.grpc_client import BufferClient
-    from tba.trainer.main import TrainerRunSettings
 
 log = logging.getLogger(__name__)
 
