@@ -6,7 +6,7 @@ import asyncio
 
 from tba.buffer.access import redact_url
 from tba.buffer.config import BufferServeSettings, BufferSettings
-from tba.commandline import Flag
+from tba.cli import Flag
 from tba.settings import CommandSettings
 
 HELP = "Run the replay-buffer service (gRPC for searchers and trainer, REST for people)."

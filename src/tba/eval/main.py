@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tba.commandline import Flag
+from tba.cli import Flag
 from tba.errors import InvalidArgumentError
 from tba.eval.config import EvalRunSettings, EvalSettings
 from tba.models.config import ModelSettings

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from tba.commandline import Flag
+from tba.cli import Flag
 from tba.local.config import LocalRunSettings
 from tba.settings import CommandSettings
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from tba.commandline import Flag
+from tba.cli import Flag
 from tba.errors import FailedPreconditionError
 from tba.searcher.config import SearcherRunSettings
 from tba.settings import CommandSettings

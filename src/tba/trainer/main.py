@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tba.commandline import Flag
+from tba.cli import Flag
 from tba.errors import FailedPreconditionError
 from tba.settings import CommandSettings
 from tba.trainer.config import (
