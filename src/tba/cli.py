@@ -1,8 +1,8 @@
 """The `tba` command: its parser, one subcommand per service (`COMMANDS`), and the flags every
 subcommand shares (`--config`, `--set`, `--print-config` and the command's own `FLAGS`).
 
-A command module (e.g. `tba.buffer.main`) exposes `FLAGS`, `SETTINGS`, `HELP` and
-`run(settings)`; it must import heavy dependencies (torch, vLLM, redis) inside `run`, so that
+A command module (e.g. `tba.buffer.main`) exposes `FLAGS`, `SETTINGS`, `HELP`, `SET_EXAMPLE`
+and `run(settings)`; it must import heavy dependencies (torch, vLLM, redis) inside `run`, so that
 `tba --help` and images without them still work.
 """
 
@@ -25,7 +25,7 @@ from tba.inputs import InputError, check_inputs
 from tba.settings import CommandSettings, RunFileError, Section, describe_error, load_settings
 
 CONFIG_ENV = "TBA_CONFIG"
-# (group, command) -> module with FLAGS, SETTINGS, HELP and run(settings).
+# (group, command) -> module with FLAGS, SETTINGS, HELP, SET_EXAMPLE and run(settings).
 COMMANDS: dict[tuple[str, ...], str] = {
     ("buffer", "serve"): "tba.buffer.main",
     ("trainer", "run"): "tba.trainer.main",
@@ -42,13 +42,18 @@ class Flag:
     name: str
     path: str
     help: str
+    # What the value is, as `--help` shows it (`N`, `DIR`, `URL`); switches take none.
+    metavar: str | None = None
     is_switch: bool = False
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, flags: tuple[Flag, ...]) -> None:
+def add_config_arguments(
+    parser: argparse.ArgumentParser, flags: tuple[Flag, ...], set_example: str
+) -> None:
     parser.add_argument(
         "--config",
         type=Path,
+        metavar="FILE",
         help=f"TOML run file: the sections of every command of the run (docs/configuration.md); "
         f"default: the {CONFIG_ENV} environment variable.",
     )
@@ -57,7 +62,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, flags: tuple[Flag, ...
         action="append",
         default=[],
         metavar="SECTION.FIELD=VALUE",
-        help="Set any settings field, e.g. --set trainer.lr=1e-5 (repeatable).",
+        help=f"Set any settings field, e.g. --set {set_example} (repeatable).",
     )
     parser.add_argument(
         "--print-config",
@@ -70,7 +75,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, flags: tuple[Flag, ...
                 flag.name, dest=_dest(flag), action="store_const", const=True, help=flag.help
             )
         else:
-            parser.add_argument(flag.name, dest=_dest(flag), help=flag.help)
+            parser.add_argument(flag.name, dest=_dest(flag), metavar=flag.metavar, help=flag.help)
 
 
 def settings_from_args(
@@ -121,7 +126,9 @@ def _dest(flag: Flag) -> str:
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], ModuleType]]:
     parser = argparse.ArgumentParser(prog="tba", description="Trajectory Balance with Asynchrony")
-    parser.add_argument("--log-level", default=os.environ.get("TBA_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--log-level", default=os.environ.get("TBA_LOG_LEVEL", "INFO"), metavar="LEVEL"
+    )
     groups = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
     modules: dict[tuple[str, ...], ModuleType] = {}
     group_parsers: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
@@ -139,7 +146,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], Modul
             sub = group_parsers[key[0]].add_parser(
                 key[1], help=module.HELP, description=module.HELP
             )
-        add_config_arguments(sub, module.FLAGS)
+        add_config_arguments(sub, module.FLAGS, module.SET_EXAMPLE)
         sub.set_defaults(command_key=key)
     return parser, modules
 

@@ -13,12 +13,14 @@ HELP = "Run the replay-buffer service (gRPC for searchers and trainer, REST for 
 
 
 SETTINGS = BufferServeSettings
+# Shown in `--help` as the example of `--set`.
+SET_EXAMPLE = "buffer.capacity=100000"
 FLAGS = (
-    Flag("--store", "buffer.store", "`memory` (default) or redis://HOST:PORT/DB"),
-    Flag("--grpc-port", "buffer.grpc_port", "gRPC port (0 picks a free one)"),
-    Flag("--http-port", "buffer.http_port", "REST port (0 picks a free one)"),
-    Flag("--grpc-host", "buffer.grpc_host", "gRPC bind address"),
-    Flag("--http-host", "buffer.http_host", "REST bind address"),
+    Flag("--store", "buffer.store", "`memory` (default) or redis://HOST:PORT/DB", metavar="URL"),
+    Flag("--grpc-port", "buffer.grpc_port", "gRPC port (0 picks a free one)", metavar="PORT"),
+    Flag("--http-port", "buffer.http_port", "REST port (0 picks a free one)", metavar="PORT"),
+    Flag("--grpc-host", "buffer.grpc_host", "gRPC bind address", metavar="HOST"),
+    Flag("--http-host", "buffer.http_host", "REST bind address", metavar="HOST"),
 )
 
 

@@ -32,12 +32,19 @@ log = logging.getLogger(__name__)
 
 
 SETTINGS = EvalRunSettings
+# Shown in `--help` as the example of `--set`.
+SET_EXAMPLE = "eval.limit=100"
 FLAGS = (
-    Flag("--model", "model.source", "`tiny`, a model or weight version directory, or hub name"),
-    Flag("--task", "task.name", "the task evaluated"),
-    Flag("--limit", "eval.limit", "evaluate the first N prompts only"),
-    Flag("--output", "eval.output", "write the report as JSON to this path"),
-    Flag("--split", "eval.split", "`test` (default) or `train`"),
+    Flag(
+        "--model",
+        "model.source",
+        "`tiny`, a model or weight version directory, or hub name",
+        metavar="MODEL",
+    ),
+    Flag("--task", "task.name", "the task evaluated", metavar="TASK"),
+    Flag("--limit", "eval.limit", "evaluate the first N prompts only", metavar="N"),
+    Flag("--output", "eval.output", "write the report as JSON to this path", metavar="PATH"),
+    Flag("--split", "eval.split", "`test` (default) or `train`", metavar="SPLIT"),
 )
 
 

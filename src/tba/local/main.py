@@ -21,17 +21,39 @@ log = logging.getLogger(__name__)
 
 
 SETTINGS = LocalRunSettings
+# Shown in `--help` as the example of `--set`.
+SET_EXAMPLE = "optim.lr=1e-5"
 FLAGS = (
-    Flag("--run-dir", "local.run_dir", "folder of everything the run writes"),
-    Flag("--mode", "local.mode", "`async` (TBA, default) or `sync` (on-policy baseline)"),
-    Flag("--searchers", "local.searchers", "searcher processes"),
-    Flag("--steps", "trainer.steps", "trainer steps"),
-    Flag("--store", "buffer.store", "the buffer's store: `memory` or redis://HOST:PORT/DB"),
-    Flag("--objectstore", "objectstore.uri", "where weights go: file://PATH or s3://BUCKET/PREFIX"),
-    Flag("--engine", "engine.kind", "searcher engine: `transformers` or `vllm`"),
-    Flag("--model", "local.model", "a base model directory (default: [model] source)"),
-    Flag("--task", "task.name", "task name (default: arithmetic)"),
-    Flag("--objective", "trainer.objective", "`tb` (default) or `rloo`"),
+    Flag("--run-dir", "local.run_dir", "folder of everything the run writes", metavar="DIR"),
+    Flag(
+        "--mode",
+        "local.mode",
+        "`async` (TBA, default) or `sync` (on-policy baseline)",
+        metavar="MODE",
+    ),
+    Flag("--searchers", "local.searchers", "searcher processes", metavar="N"),
+    Flag("--steps", "trainer.steps", "trainer steps", metavar="N"),
+    Flag(
+        "--store",
+        "buffer.store",
+        "the buffer's store: `memory` or redis://HOST:PORT/DB",
+        metavar="URL",
+    ),
+    Flag(
+        "--objectstore",
+        "objectstore.uri",
+        "where weights go: file://PATH or s3://BUCKET/PREFIX",
+        metavar="URI",
+    ),
+    Flag("--engine", "engine.kind", "searcher engine: `transformers` or `vllm`", metavar="ENGINE"),
+    Flag(
+        "--model",
+        "local.model",
+        "a base model directory (default: [model] source)",
+        metavar="MODEL",
+    ),
+    Flag("--task", "task.name", "task name (default: arithmetic)", metavar="TASK"),
+    Flag("--objective", "trainer.objective", "`tb` (default) or `rloo`", metavar="OBJECTIVE"),
 )
 
 

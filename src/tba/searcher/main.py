@@ -36,13 +36,40 @@ SEED_CHUNK_PROMPTS = 1000
 
 
 SETTINGS = SearcherRunSettings
+# Shown in `--help` as the example of `--set`.
+SET_EXAMPLE = "searcher.temperature=0.7"
 FLAGS = (
-    Flag("--buffer", "client.address", "host:port of the buffer service's gRPC server"),
-    Flag("--model", "model.source", "`tiny`, or a model directory / hub name (the base model)"),
-    Flag("--store", "objectstore.uri", "where weights are published: file://PATH or s3://..."),
-    Flag("--engine", "engine.kind", "`transformers` (default) or `vllm`"),
-    Flag("--task", "task.name", "task whose prompts are seeded and whose reward scores"),
-    Flag("--rounds", "searcher.max_rounds", "stop after this many rounds (0: run until stopped)"),
+    Flag(
+        "--buffer",
+        "client.address",
+        "host:port of the buffer service's gRPC server",
+        metavar="HOST:PORT",
+    ),
+    Flag(
+        "--model",
+        "model.source",
+        "`tiny`, or a model directory / hub name (the base model)",
+        metavar="MODEL",
+    ),
+    Flag(
+        "--store",
+        "objectstore.uri",
+        "where weights are published: file://PATH or s3://...",
+        metavar="URI",
+    ),
+    Flag("--engine", "engine.kind", "`transformers` (default) or `vllm`", metavar="ENGINE"),
+    Flag(
+        "--task",
+        "task.name",
+        "task whose prompts are seeded and whose reward scores",
+        metavar="TASK",
+    ),
+    Flag(
+        "--rounds",
+        "searcher.max_rounds",
+        "stop after this many rounds (0: run until stopped)",
+        metavar="N",
+    ),
 )
 
 

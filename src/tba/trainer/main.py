@@ -33,14 +33,36 @@ log = logging.getLogger(__name__)
 
 
 SETTINGS = TrainerRunSettings
+# Shown in `--help` as the example of `--set`.
+SET_EXAMPLE = "optim.lr=1e-5"
 FLAGS = (
-    Flag("--buffer", "client.address", "host:port of the buffer service's gRPC server"),
-    Flag("--steps", "trainer.steps", "optimizer steps to train"),
-    Flag("--model", "model.source", "`tiny`, or a model directory / hub name"),
-    Flag("--store", "objectstore.uri", "where weights go: file://PATH or s3://BUCKET/PREFIX"),
-    Flag("--checkpoint-dir", "checkpoint.dir", "checkpoint folder (resumed from if present)"),
-    Flag("--metrics-jsonl", "metrics.jsonl_path", "append step metrics here as JSON lines"),
-    Flag("--objective", "trainer.objective", "`tb` (default) or `rloo`"),
+    Flag(
+        "--buffer",
+        "client.address",
+        "host:port of the buffer service's gRPC server",
+        metavar="HOST:PORT",
+    ),
+    Flag("--steps", "trainer.steps", "optimizer steps to train", metavar="N"),
+    Flag("--model", "model.source", "`tiny`, or a model directory / hub name", metavar="MODEL"),
+    Flag(
+        "--store",
+        "objectstore.uri",
+        "where weights go: file://PATH or s3://BUCKET/PREFIX",
+        metavar="URI",
+    ),
+    Flag(
+        "--checkpoint-dir",
+        "checkpoint.dir",
+        "checkpoint folder (resumed from if present)",
+        metavar="DIR",
+    ),
+    Flag(
+        "--metrics-jsonl",
+        "metrics.jsonl_path",
+        "append step metrics here as JSON lines",
+        metavar="PATH",
+    ),
+    Flag("--objective", "trainer.objective", "`tb` (default) or `rloo`", metavar="OBJECTIVE"),
 )
 
 
