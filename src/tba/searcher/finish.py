@@ -85,7 +85,7 @@ class GeneratedRound:
 
 
 @dataclass
-class Candidate:
+class PendingTrajectory:
     """A completion on its way to becoming a trajectory."""
 
     prompt: Prompt
@@ -125,10 +125,10 @@ class RoundFinisher:
         self.metrics.write(generated.index, values)
         return values
 
-    def _unique(self, generated: GeneratedRound) -> tuple[list[Candidate], int]:
+    def _unique(self, generated: GeneratedRound) -> tuple[list[PendingTrajectory], int]:
         """Candidates in order; with `drop_duplicates`, each distinct completion of a prompt
         once. Returns them and the number dropped."""
-        kept: list[Candidate] = []
+        kept: list[PendingTrajectory] = []
         dropped = 0
         for prompt, prompt_tokens, samples in zip(
             generated.prompts, generated.prompt_tokens, generated.completions, strict=True
@@ -140,10 +140,10 @@ class RoundFinisher:
                     dropped += 1
                     continue
                 seen.add(key)
-                kept.append(Candidate(prompt, prompt_tokens, completion))
+                kept.append(PendingTrajectory(prompt, prompt_tokens, completion))
         return kept, dropped
 
-    def _rewarded(self, candidates: list[Candidate]) -> list[Candidate]:
+    def _rewarded(self, candidates: list[PendingTrajectory]) -> list[PendingTrajectory]:
         """The candidates with a finite reward (set on them) and behaviour log-prob. Rewards
         come in one batch (model-based tasks score many per forward pass); a task reward must
         not raise, but if the batch does, each completion is scored alone and one that raises
@@ -162,7 +162,7 @@ class RoundFinisher:
             kept.append(candidate)
         return kept
 
-    def _rewards(self, candidates: list[Candidate]) -> list[float]:
+    def _rewards(self, candidates: list[PendingTrajectory]) -> list[float]:
         try:
             return batch_rewards(
                 self.task,
@@ -176,14 +176,14 @@ class RoundFinisher:
             )
         return [self._reward_alone(c) for c in candidates]
 
-    def _reward_alone(self, candidate: Candidate) -> float:
+    def _reward_alone(self, candidate: PendingTrajectory) -> float:
         try:
             return float(self.task.reward(candidate.prompt, candidate.completion.text))
         except Exception:
             log.exception("reward of prompt %s raised; completion dropped", candidate.prompt.id)
             return math.nan
 
-    def _trajectories(self, scored: list[Candidate], version: int) -> list[Trajectory]:
+    def _trajectories(self, scored: list[PendingTrajectory], version: int) -> list[Trajectory]:
         """Trajectories with reference log-probs (rows whose reference is not finite are
         dropped, logged)."""
         if not scored:
