@@ -139,8 +139,12 @@ def test_sample_with_fixed_seed_is_reproducible(client):
 
 def test_max_age_excludes_stale_versions(client):
     (pid,) = client.put_prompts([Prompt("", "x")]).prompt_ids
-    client.add_trajectories([trajectory(pid, completion=[1, k], version=1) for k in range(3)], "s")
-    client.add_trajectories([trajectory(pid, completion=[2, k], version=5) for k in range(2)], "s")
+    client.add_trajectories(
+        [trajectory(pid, completion=[1, k], policy_version=1) for k in range(3)], "s"
+    )
+    client.add_trajectories(
+        [trajectory(pid, completion=[2, k], policy_version=5) for k in range(2)], "s"
+    )
     client.announce_weights(WeightVersion(5, "file:///w/5", SHA, 10, time.time()))
     batch = client.sample(SampleSpec(1, 5, 0.0, max_age_versions=1))
     assert [t.policy_version for t in batch.groups[0].trajectories] == [5, 5]

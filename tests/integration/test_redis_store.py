@@ -47,7 +47,7 @@ def random_call(rng: random.Random, now: float, lease_ids: list[str]) -> tuple[s
                 rng.choice(prompt_ids),
                 (rng.randint(0, 6), rng.randint(0, 2)),
                 reward=rng.choice([-2.0, -0.3, 0.0, 0.1, 0.5, 0.7, 1.0, 3.5]),
-                version=rng.randint(0, 3),
+                policy_version=rng.randint(0, 3),
             )
             for _ in range(rng.randint(1, 6))
         ]
@@ -134,7 +134,9 @@ async def fill(store: BufferStore) -> str:
     await store.put_prompts([Prompt(f"q{i}", f"question {i}", str(i)) for i in range(6)])
     lease = await store.lease_prompts("s1", 2, 100.0, NOW)
     for i in range(5):
-        trajs = [trajectory(f"q{(i + j) % 6}", (i, j), reward=j / 3, version=i) for j in range(4)]
+        trajs = [
+            trajectory(f"q{(i + j) % 6}", (i, j), reward=j / 3, policy_version=i) for j in range(4)
+        ]
         await store.add_trajectories(f"r{i}", "s1", "", trajs, NOW + i, f"d{i}")
     await store.record_sampled(3)
     await store.announce_weights(WeightVersion(4, "file:///w/4", "c" * 64, 8, NOW))

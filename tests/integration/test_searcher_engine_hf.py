@@ -70,7 +70,7 @@ def test_behaviour_logprob_equals_sequence_logprobs(eos_nats):
             0.7,
             engine.tokenizer.pad_token_id,
         )
-    got = torch.tensor([c.logprob for _, c in rows])
+    got = torch.tensor([c.behavior_logprob for _, c in rows])
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
 
 
@@ -107,8 +107,8 @@ def test_hot_reload_swaps_weights_in_place(tmp_path):
     back = engine.generate(prompts, params(seed=5))
     assert [c.token_ids for g in back for c in g] == [c.token_ids for g in first for c in g]
     torch.testing.assert_close(
-        torch.tensor([c.logprob for g in back for c in g]),
-        torch.tensor([c.logprob for g in first for c in g]),
+        torch.tensor([c.behavior_logprob for g in back for c in g]),
+        torch.tensor([c.behavior_logprob for g in first for c in g]),
     )
 
 

@@ -115,7 +115,7 @@ def test_behaviour_logprobs_are_those_of_logits_over_temperature(
         samples = engine.generate(prompts, params)
 
         expected = transformers_logprobs(models["a"][1], prompts, samples, temperature)
-        got = torch.tensor([c.logprob for group in samples for c in group])
+        got = torch.tensor([c.behavior_logprob for group in samples for c in group])
         assert torch.allclose(got, expected, rtol=0.0, atol=LOGPROB_TOLERANCE), (
             (got - expected).abs().max()
         )
@@ -136,7 +136,7 @@ def test_hot_reload_swaps_weights_and_back_without_restarting(
         swapped = engine.generate(prompts, params)
         assert swapped != before
         expected = transformers_logprobs(models["b"][1], prompts, swapped, 1.0)
-        got = torch.tensor([c.logprob for group in swapped for c in group])
+        got = torch.tensor([c.behavior_logprob for group in swapped for c in group])
         assert torch.allclose(got, expected, rtol=0.0, atol=LOGPROB_TOLERANCE)
     finally:
         engine.load_weights(models["a"][0], version=2)

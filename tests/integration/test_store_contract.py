@@ -237,7 +237,7 @@ def test_identical_completions_of_a_prompt_replace_each_other(make_store: MakeSt
         assert result == AddResult(2, 1, 0)
         assert (await store.candidates(["a"]))["a"] == [Candidate(2, 1.0, 0)]
         assert await ids_of(store, "b") == [3]
-        within = await add(store, trajectory("a", (5,)), trajectory("a", (5,), version=4))
+        within = await add(store, trajectory("a", (5,)), trajectory("a", (5,), policy_version=4))
         assert within == AddResult(2, 1, 0)
         assert (await store.candidates(["a"]))["a"] == [Candidate(2, 1.0, 0), Candidate(5, 1.0, 4)]
         counters = await store.counters(NOW)
@@ -274,7 +274,7 @@ def test_per_prompt_history_evicts_that_prompts_oldest(make_store: MakeStore) ->
 def test_capacity_evicts_the_globally_oldest(make_store: MakeStore) -> None:
     async def scenario(store: BufferStore) -> None:
         await put(store, "a", "b", "c", "d")
-        await add(store, trajectory("a", reward=0.9, version=1), trajectory("b", reward=0.1))
+        await add(store, trajectory("a", reward=0.9, policy_version=1), trajectory("b", reward=0.1))
         await add(store, trajectory("c", reward=0.2))
         result = await add(store, trajectory("d", reward=0.3), trajectory("b", (7,), 0.4))
         assert result == AddResult(2, 0, 2)

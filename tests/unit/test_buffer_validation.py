@@ -40,7 +40,7 @@ def test_out_of_range_trajectory_fields_are_invalid(field, value):
 
 
 def test_largest_accepted_values_pass():
-    good = trajectory("p1", reward=-1e12, version=2**53 - 1, ref_logprob=1e12)
+    good = trajectory("p1", reward=-1e12, policy_version=2**53 - 1, ref_logprob=1e12)
     good.created_at_s = 1e11
     validation.check_trajectory(good, "t", SETTINGS)
 

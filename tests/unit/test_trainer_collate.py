@@ -5,9 +5,11 @@ from tba.trainer.collate import collate, plan_micro_batches, shard_rows, splits_
 from tests.fixtures.data import trajectory
 
 
-def group(prompt_id: str, *completions: tuple[int, ...], version: int = 0) -> PromptGroup:
+def group(prompt_id: str, *completions: tuple[int, ...], policy_version: int = 0) -> PromptGroup:
     trajs = [
-        trajectory(prompt_id, c, reward=float(i), version=version, ref_logprob=-float(i))
+        trajectory(
+            prompt_id, c, reward=float(i), policy_version=policy_version, ref_logprob=-float(i)
+        )
         for i, c in enumerate(completions)
     ]
     return PromptGroup(Prompt(prompt_id, "text"), trajs, SampleSource.RECENCY)
@@ -15,7 +17,7 @@ def group(prompt_id: str, *completions: tuple[int, ...], version: int = 0) -> Pr
 
 def test_collate_keeps_rows_in_order_with_their_group():
     batch = Batch(
-        [group("a", (5, 2), (6, 7, 2)), group("empty"), group("b", (9,), version=3)],
+        [group("a", (5, 2), (6, 7, 2)), group("empty"), group("b", (9,), policy_version=3)],
         latest_version=4,
     )
     train = collate(batch)

@@ -32,12 +32,13 @@ class SamplingParams:
 @dataclass(frozen=True)
 class Completion:
     """One sampled completion. `token_ids` end at the first EOS, which is included (finish
-    reason STOP); a completion cut by `max_new_tokens` has no EOS (LENGTH). `logprob` is the
-    sum of the sampled tokens' log-probs under logits / temperature, EOS included."""
+    reason STOP); a completion cut by `max_new_tokens` has no EOS (LENGTH).
+    `behavior_logprob` is the sum of the sampled tokens' log-probs under logits /
+    temperature, EOS included (the trajectory's `behavior_logprob`)."""
 
     token_ids: list[int]
     text: str
-    logprob: float
+    behavior_logprob: float
     finish_reason: FinishReason
 
 

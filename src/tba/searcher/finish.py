@@ -69,16 +69,18 @@ class Phases:
         return self.last - self.started
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GeneratedRound:
-    """What the loop hands to the finish stage: a round's completions and how they came."""
+    """What the loop hands to the finish stage: a round's completions and how they came.
+    `policy_version` is the weight version that generated them, `latest_version` the newest
+    the buffer had announced."""
 
     index: int
     lease_id: str
     prompts: list[Prompt]
     prompt_tokens: list[list[int]]
     completions: list[list[Completion]]
-    version: int
+    policy_version: int
     latest_version: int
     reload_s: float | None
     loop_seconds: dict[str, float]
@@ -111,7 +113,7 @@ class RoundFinisher:
         candidates, duplicates = self._unique(generated)
         scored = self._rewarded(candidates)
         phases.done("reward")
-        trajectories = self._trajectories(scored, generated.version)
+        trajectories = self._trajectories(scored, generated.policy_version)
         phases.done("reference")
         self._post(trajectories, generated.lease_id)
         phases.done("post")
@@ -150,12 +152,12 @@ class RoundFinisher:
         costs only itself."""
         kept = []
         for candidate, reward in zip(candidates, self._rewards(candidates), strict=True):
-            if not (math.isfinite(reward) and math.isfinite(candidate.completion.logprob)):
+            if not (math.isfinite(reward) and math.isfinite(candidate.completion.behavior_logprob)):
                 log.warning(
                     "prompt %s: reward %r, behaviour log-prob %r; completion dropped",
                     candidate.prompt.id,
                     reward,
-                    candidate.completion.logprob,
+                    candidate.completion.behavior_logprob,
                 )
                 continue
             candidate.reward = reward
@@ -183,7 +185,9 @@ class RoundFinisher:
             log.exception("reward of prompt %s raised; completion dropped", candidate.prompt.id)
             return math.nan
 
-    def _trajectories(self, scored: list[PendingTrajectory], version: int) -> list[Trajectory]:
+    def _trajectories(
+        self, scored: list[PendingTrajectory], policy_version: int
+    ) -> list[Trajectory]:
         """Trajectories with reference log-probs (rows whose reference is not finite are
         dropped, logged)."""
         if not scored:
@@ -206,8 +210,8 @@ class RoundFinisher:
                     completion_text=completion.text,
                     reward=candidate.reward,
                     ref_logprob=ref,
-                    behavior_logprob=completion.logprob,
-                    policy_version=version,
+                    behavior_logprob=completion.behavior_logprob,
+                    policy_version=policy_version,
                     searcher_id=self.searcher_id,
                     finish_reason=completion.finish_reason,
                     created_at_s=created_at_s,
@@ -254,12 +258,12 @@ def round_values(
     round_s = sum(generated.loop_seconds.values())
     generate_s = generated.loop_seconds["generate"]
     rewards = [t.reward for t in trajectories]
-    lag = max(0, generated.latest_version - generated.version)
+    lag = max(0, generated.latest_version - generated.policy_version)
     values = {f"searcher/{name}": float(count) for name, count in counts.items()}
     values |= {
         "searcher/trajectories": float(len(trajectories)),
         "searcher/reward_mean": float(np.mean(rewards)) if rewards else float("nan"),
-        "searcher/version": float(generated.version),
+        "searcher/version": float(generated.policy_version),
         "searcher/latest_version": float(generated.latest_version),
         "searcher/version_lag": float(lag),
         "searcher/reloads": float(generated.reload_s is not None),

@@ -123,7 +123,8 @@ class TransformersEngine:
         tokens, stopped = cut_at_eos(tokens, self.eos_token_ids)
         finish = FinishReason.STOP if stopped else FinishReason.LENGTH
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        return Completion(tokens, text, float(logprobs[: len(tokens)].sum()), finish)
+        behavior_logprob = float(logprobs[: len(tokens)].sum())
+        return Completion(tokens, text, behavior_logprob, finish)
 
     def load_weights(self, weights_dir: Path, version: int) -> None:
         """Copies the safetensors of a `save_pretrained` directory into the model in place;

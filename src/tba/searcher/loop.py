@@ -138,24 +138,24 @@ class SearcherLoop:
         phases.done("lease")
         if not prompts:
             return None
-        version = self.engine.version
+        policy_version = self.engine.version
         completions = self.engine.generate(tokens, self._sampling_params())
-        self.generated_version = version
+        self.generated_version = policy_version
         phases.done("generate")
         # At most one round in flight: memory stays bounded, and its errors surface here.
         self._wait_finish()
         phases.done("wait_finish")
         self.rounds += 1
         return GeneratedRound(
-            self.rounds,
-            lease_id,
-            prompts,
-            tokens,
-            completions,
-            version,
-            self.weights.latest_version,
-            reload_s,
-            phases.seconds,
+            index=self.rounds,
+            lease_id=lease_id,
+            prompts=prompts,
+            prompt_tokens=tokens,
+            completions=completions,
+            policy_version=policy_version,
+            latest_version=self.weights.latest_version,
+            reload_s=reload_s,
+            loop_seconds=phases.seconds,
         )
 
     def _lease(self) -> tuple[str, list[Prompt], list[list[int]]]:

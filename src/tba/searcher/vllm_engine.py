@@ -159,7 +159,7 @@ def _completion(sample: Any) -> Completion:
     return Completion(
         token_ids=list(sample.token_ids),
         text=sample.text,
-        logprob=float(sample.cumulative_logprob),
+        behavior_logprob=float(sample.cumulative_logprob),
         finish_reason=finish,
     )
 

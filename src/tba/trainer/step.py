@@ -55,7 +55,9 @@ class Gradients:
     """What accumulating one batch's gradients measured (no optimizer step yet)."""
 
     loss: float
-    log_z: float  # mean over groups of the group constant (TB: log Z; RLOO: mean advantage)
+    # Mean over groups of the objective's per-row constant (`Objective.baselines`): TB's
+    # log Z, RLOO's advantage (0 in every group of two or more); logged as trainer/log_z.
+    baseline_mean: float
     policy_logprob: float  # mean sequence log-prob under the policy
     kl: float  # mean of log pi_theta - log pi_ref per sequence
     micro_batches: int
@@ -170,10 +172,10 @@ def accumulate_gradients(
         sums += torch.stack([terms.detach().sum() / n, (lp * mask).sum(), (kl * mask).sum()])
     sums = engine.all_reduce_sum(sums)
     per_row = constants if constants is not None else seen
-    log_z = group_mean(per_row, batch.inputs.group_index, batch.inputs.num_groups).mean()
+    baseline_mean = group_mean(per_row, batch.inputs.group_index, batch.inputs.num_groups).mean()
     return Gradients(
         loss=float(sums[0]),
-        log_z=float(log_z),
+        baseline_mean=float(baseline_mean),
         policy_logprob=float(sums[1]) / n,
         kl=float(sums[2]) / n,
         micro_batches=len(layout.micro_batches),
@@ -219,7 +221,7 @@ def step_metrics(
     g = result.gradients
     return {
         "trainer/loss": g.loss,
-        "trainer/log_z": g.log_z,
+        "trainer/log_z": g.baseline_mean,
         "trainer/beta": beta,
         "trainer/grad_norm": result.grad_norm,
         "trainer/lr": result.lr,
