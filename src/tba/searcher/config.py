@@ -14,10 +14,12 @@ from tba.models.config import ModelSettings
 from tba.objectstore.config import ObjectStoreSettings
 from tba.settings import CommandSettings, ExplicitSettings, Section
 from tba.tasks.config import TaskSettings
+from tba.wandb_sink import WandbSettings
 
 
-class SearcherSettings(Section):
-    """`[searcher]`: what one round of the loop leases, generates and posts."""
+class SearcherSettings(WandbSettings):
+    """`[searcher]`: what one round of the loop leases, generates and posts, and where its
+    metrics go (Prometheus; wandb's fields: `tba.wandb_sink`)."""
 
     id: str | None = Field(
         None,

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from tba.searcher.reference import ReferenceScorer
     from tba.searcher.weights import WeightSync
     from tba.tasks.base import Task
+    from tba.wandb_sink import WandbSink
 
 HELP = "Generate and score completions of the buffer's prompts with the latest weights."
 log = logging.getLogger(__name__)
@@ -169,7 +170,9 @@ def _wire(
     if s.seed_prompts:
         log.info("seeded %d new prompts of %s", seed_prompts(client, task), task.name)
     engine = build_engine(settings, base_seed)
-    metrics = SearcherMetrics(s.metrics_port, s.metrics_host)
+    metrics = SearcherMetrics(
+        s.metrics_port, s.metrics_host, wandb_sink(settings, run, searcher_id)
+    )
     loop = SearcherLoop(
         settings=s,
         searcher_id=searcher_id,
@@ -183,6 +186,18 @@ def _wire(
         stop=stop,
     )
     return Searcher(loop, client, engine, metrics, settings, run)
+
+
+def wandb_sink(settings: SearcherRunSettings, run: Run, searcher_id: str) -> WandbSink | None:
+    """The searcher's wandb run when `[searcher] wandb_project` is set: `<run id>/<searcher
+    id>` in the group of the run's id, with the settings (the run's task and model) as config."""
+    if not settings.searcher.wandb_on:
+        return None
+    from tba.wandb_sink import WandbRun, WandbSink, public_config
+
+    name = f"{run.run_id}/{searcher_id}"
+    wandb_run = WandbRun(run.run_id, "searcher", name, public_config(settings))
+    return WandbSink(settings.searcher, wandb_run)
 
 
 def build_reference(settings: SearcherRunSettings, tokenizer: Any, base: Any) -> ReferenceScorer:

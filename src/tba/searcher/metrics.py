@@ -2,12 +2,13 @@
 served to Prometheus from the searcher's own registry: the latest value of every key as a
 gauge `tba_searcher_<name>` (tokens/s, prompts/s, mean reward, weight version, lag behind
 the latest announced version, ...), counters of rounds and tokens, and a summary of reload
-seconds."""
+seconds; and to wandb when a project is set (`tba.wandb_sink`)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Protocol
 
 import prometheus_client
 
@@ -16,8 +17,17 @@ from tba.prometheus import LatestGauges, MetricsServer
 log = logging.getLogger(__name__)
 
 
+class RoundSink(Protocol):
+    def write(self, step: int, values: Mapping[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class SearcherMetrics:
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, port: int | None = None, host: str = "127.0.0.1", sink: RoundSink | None = None
+    ) -> None:
+        self._sink = sink
         self.registry = prometheus_client.CollectorRegistry()
         self._gauges = LatestGauges(self.registry)
         self._rounds = prometheus_client.Counter(
@@ -42,7 +52,11 @@ class SearcherMetrics:
         if values.get("searcher/reloads", 0.0) > 0:
             self._reload_s.observe(values["searcher/reload_s"])
         self._gauges.set(values)
+        if self._sink is not None:
+            self._sink.write(round_index, values)
 
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
+        if self._sink is not None:
+            self._sink.close()

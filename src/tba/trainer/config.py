@@ -14,6 +14,7 @@ from tba.objectstore.config import ObjectStoreSettings
 from tba.searcher.config import SearcherSettings
 from tba.settings import CommandSettings, Section
 from tba.tasks.config import TaskSettings
+from tba.wandb_sink import WandbSettings
 
 
 class TrainerSettings(Section):
@@ -192,8 +193,8 @@ class CheckpointSettings(Section):
     resume: bool = Field(True, description="Continue from the newest checkpoint in `dir`.")
 
 
-class MetricsSettings(Section):
-    """`[metrics]`: where step metrics go."""
+class MetricsSettings(WandbSettings):
+    """`[metrics]`: where step metrics go (wandb's fields: `tba.wandb_sink`)."""
 
     stdout: bool = Field(True, description="Print one line of metrics per logged step.")
     jsonl_path: str | None = Field(

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from tba.trainer.engine import TrainEngine
     from tba.trainer.loop import TrainerLoop
     from tba.trainer.loss import Objective
+    from tba.trainer.metrics import FanOut
     from tba.trainer.optim import RewardDecay
 
 HELP = "Train the policy with Trajectory Balance on batches from the buffer; publish weights."
@@ -89,7 +90,6 @@ def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
     from tba.objectstore.weights import read_latest
     from tba.trainer.checkpoint import Checkpointer, LoopState
     from tba.trainer.loop import TrainerLoop
-    from tba.trainer.metrics import build_sinks
     from tba.trainer.model import load_policy
     from tba.trainer.optim import RewardDecay
     from tba.trainer.publish import StorePublisher
@@ -119,9 +119,10 @@ def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
         log.info("resumed from %s at step %d", latest, state.step)
         if reward_decay is not None:
             reward_decay.state = dict(state.reward_decay)
+    run_id = ""
     if engine.rank == 0:
         client.wait_ready(settings.client.timeout_s)
-        register_run(settings, tokenizer, model.config, client)
+        run_id = register_run(settings, tokenizer, model.config, client).run_id
         state.version = next_base_version(
             state.version, client.latest_weights(), read_latest(store)
         )
@@ -139,7 +140,7 @@ def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
             retries=t.publish_retries,
             retry_backoff_s=t.publish_retry_backoff_s,
         ),
-        metrics=build_sinks(settings.metrics, engine.rank),
+        metrics=build_metrics(settings, engine.rank, run_id),
         objective=build_objective(t),
         reference=reference,
         pad_token_id=tokenizer.pad_token_id,
@@ -150,6 +151,16 @@ def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
         state=state,
         reward_decay=reward_decay,
     )
+
+
+def build_metrics(settings: TrainerRunSettings, rank: int, run_id: str) -> FanOut:
+    """The step metrics' sinks; the wandb run, if any, is `<run id>/trainer` in the group of
+    the run's id, with the trainer's settings as config."""
+    from tba.trainer.metrics import build_sinks
+    from tba.wandb_sink import WandbRun, public_config
+
+    wandb_run = WandbRun(run_id, "trainer", f"{run_id}/trainer", public_config(settings))
+    return build_sinks(settings.metrics, rank, wandb_run)
 
 
 def next_base_version(checkpointed: int, *announced: Any) -> int:

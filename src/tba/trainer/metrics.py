@@ -1,4 +1,5 @@
-"""Where step metrics go: stdout, a JSONL file, Prometheus gauges, TensorBoard.
+"""Where step metrics go: stdout, a JSONL file, Prometheus gauges, TensorBoard, wandb
+(`tba.wandb_sink`).
 
 Keys are `area/name` (`trainer/loss`, `time/compute_s`); Prometheus names are
 `tba_<area>_<name>` (`tba.prometheus`).
@@ -17,6 +18,7 @@ import prometheus_client
 
 from tba.prometheus import LatestGauges, MetricsServer
 from tba.trainer.config import MetricsSettings
+from tba.wandb_sink import WandbRun, WandbSink
 
 
 class MetricsSink(Protocol):
@@ -103,8 +105,11 @@ class FanOut:
             sink.close()
 
 
-def build_sinks(settings: MetricsSettings, rank: int = 0) -> FanOut:
-    """The sinks `settings` asks for; ranks other than 0 log nothing."""
+def build_sinks(
+    settings: MetricsSettings, rank: int = 0, wandb_run: WandbRun | None = None
+) -> FanOut:
+    """The sinks `settings` asks for; ranks other than 0 log nothing. `wandb_run` names the
+    wandb run (its group, the training run's id) and holds its config."""
     if rank != 0:
         return FanOut([])
     sinks: list[MetricsSink] = []
@@ -116,6 +121,8 @@ def build_sinks(settings: MetricsSettings, rank: int = 0) -> FanOut:
         sinks.append(PrometheusSink(settings.prometheus_port, settings.prometheus_host))
     if settings.tensorboard_dir:
         sinks.append(TensorBoardSink(Path(settings.tensorboard_dir)))
+    if settings.wandb_on:
+        sinks.append(WandbSink(settings, wandb_run or WandbRun(job_type="trainer")))
     return FanOut(sinks)
 
 
