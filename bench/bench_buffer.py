@@ -25,7 +25,7 @@ from bench.common import Row
 from tba.buffer import codec
 from tba.buffer.config import BufferClientSettings
 from tba.buffer.transport.grpc_client import BufferClient
-from tba.domain import Prompt, SampleSpec, Trajectory
+from tba.domain import Prompt, SampleSpec, Trajectory, new_request_id
 from tests.fixtures.buffer_service import BufferProcess
 from tests.fixtures.data import trajectory
 from tests.fixtures.redis_server import start_redis
@@ -78,7 +78,11 @@ def ingest(address: str, prompt_ids: list[str], start: int, stop: int) -> float:
     def work(shard: list[tuple[int, int]]) -> None:
         with BufferClient(BufferClientSettings(address=address)) as client:
             for offset, size in shard:
-                client.add_trajectories(_trajectories(prompt_ids, offset, size), "bench")
+                client.add_trajectories(
+                    _trajectories(prompt_ids, offset, size),
+                    searcher_id="bench",
+                    request_id=new_request_id(),
+                )
 
     threads = [threading.Thread(target=work, args=(s,)) for s in shards]
     begin = time.perf_counter()

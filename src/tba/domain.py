@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,12 @@ def unpack_tokens(packed: bytes) -> npt.NDArray[np.uint32]:
     if len(packed) % TOKEN_DTYPE.itemsize:
         raise ValueError(f"packed token ids have {len(packed)} bytes, not a multiple of 4")
     return np.frombuffer(packed, dtype=TOKEN_DTYPE)
+
+
+def new_request_id() -> str:
+    """An AddTrajectories request id, minted by whoever makes the batch: new for each batch,
+    the same for all its retries, so that the buffer stores a batch once."""
+    return uuid.uuid4().hex
 
 
 class FinishReason(enum.IntEnum):

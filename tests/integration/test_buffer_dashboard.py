@@ -7,7 +7,7 @@ import httpx
 
 from tba.buffer.config import BufferClientSettings
 from tba.buffer.transport.grpc_client import BufferClient
-from tba.domain import Prompt
+from tba.domain import Prompt, new_request_id
 from tba.runs import Run, RunIdentity
 from tests.fixtures.data import trajectory
 
@@ -38,7 +38,9 @@ def test_dashboard_shows_buffer_size_rewards_searchers_and_the_run(buffer_servic
         client.register_run(RUN)
         (pid,) = client.put_prompts([Prompt("", "1+2=", "3")]).prompt_ids
         batch = [trajectory(pid, completion=[4, k], reward=k / 10) for k in range(7)]
-        client.add_trajectories(batch, searcher_id="searcher-abc", run_id=RUN.run_id)
+        client.add_trajectories(
+            batch, searcher_id="searcher-abc", request_id=new_request_id(), run_id=RUN.run_id
+        )
     page = httpx.get(buffer_service.http_url + "/", timeout=10)
     assert page.status_code == 200 and "TBA replay buffer" in page.text
     dom = _chromium(

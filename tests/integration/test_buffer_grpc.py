@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tba.buffer.config import BufferClientSettings
 from tba.buffer.transport.grpc_client import BufferClient
-from tba.domain import Prompt, SampleSource, SampleSpec, WeightVersion
+from tba.domain import Prompt, SampleSource, SampleSpec, WeightVersion, new_request_id
 from tba.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from tests.fixtures.buffer_service import start_buffer
 from tests.fixtures.data import trajectory
@@ -30,7 +30,7 @@ def _fill(client, prompts=3, per_prompt=4):
         batch = [
             trajectory(pid, completion=[7, j], reward=j / per_prompt) for j in range(per_prompt)
         ]
-        client.add_trajectories(batch, searcher_id="s1")
+        client.add_trajectories(batch, searcher_id="s1", request_id=new_request_id())
     return ids.prompt_ids
 
 
@@ -40,7 +40,9 @@ def test_put_lease_add_sample_round_trip(client):
     lease = client.lease_prompts("s1", 10)
     assert {p.id for p in lease.prompts} == set(put.prompt_ids)
     trajs = [trajectory(p.id, completion=[3, k], reward=k) for p in lease.prompts for k in range(3)]
-    added = client.add_trajectories(trajs, searcher_id="s1", lease_id=lease.lease_id)
+    added = client.add_trajectories(
+        trajs, searcher_id="s1", request_id=new_request_id(), lease_id=lease.lease_id
+    )
     assert added.accepted == 6 and added.evicted == 0
     batch = client.sample(SampleSpec(num_prompts=2, samples_per_prompt=2, recency_probability=0.5))
     assert len(batch.groups) == 2
@@ -71,8 +73,8 @@ def test_add_is_idempotent_by_request_id(client):
     (pid,) = client.put_prompts([Prompt("", "x")]).prompt_ids
     request_id = uuid.uuid4().hex
     batch = [trajectory(pid, completion=[1, k]) for k in range(3)]
-    first = client.add_trajectories(batch, "s1", request_id=request_id)
-    retry = client.add_trajectories(batch, "s1", request_id=request_id)
+    first = client.add_trajectories(batch, searcher_id="s1", request_id=request_id)
+    retry = client.add_trajectories(batch, searcher_id="s1", request_id=request_id)
     assert first.accepted == 3 and not first.replayed
     assert retry.replayed and retry.accepted == 3
     assert client.stats().trajectories == 3
@@ -81,10 +83,12 @@ def test_add_is_idempotent_by_request_id(client):
 def test_a_request_id_reused_for_another_batch_is_failed_precondition(client):
     (pid,) = client.put_prompts([Prompt("", "x")]).prompt_ids
     request_id = uuid.uuid4().hex
-    client.add_trajectories([trajectory(pid, completion=[1])], "s1", request_id=request_id)
+    client.add_trajectories(
+        [trajectory(pid, completion=[1])], searcher_id="s1", request_id=request_id
+    )
     other = [trajectory(pid, completion=[2])]
     with pytest.raises(FailedPreconditionError, match=request_id):
-        client.add_trajectories(other, "s1", request_id=request_id)
+        client.add_trajectories(other, searcher_id="s1", request_id=request_id)
     stats = client.stats()
     assert stats.trajectories == 1 and stats.trajectories_added_total == 1
 
@@ -107,7 +111,7 @@ def test_bad_trajectories_are_refused_and_store_nothing(client, bad):
         reward=bad.get("reward", 0.0),
     )
     with pytest.raises(InvalidArgumentError):
-        client.add_trajectories([good, bad_one], "s1")
+        client.add_trajectories([good, bad_one], searcher_id="s1", request_id=new_request_id())
     assert client.stats().trajectories == 0
 
 
@@ -140,10 +144,14 @@ def test_sample_with_fixed_seed_is_reproducible(client):
 def test_max_age_excludes_stale_versions(client):
     (pid,) = client.put_prompts([Prompt("", "x")]).prompt_ids
     client.add_trajectories(
-        [trajectory(pid, completion=[1, k], policy_version=1) for k in range(3)], "s"
+        [trajectory(pid, completion=[1, k], policy_version=1) for k in range(3)],
+        searcher_id="s",
+        request_id=new_request_id(),
     )
     client.add_trajectories(
-        [trajectory(pid, completion=[2, k], policy_version=5) for k in range(2)], "s"
+        [trajectory(pid, completion=[2, k], policy_version=5) for k in range(2)],
+        searcher_id="s",
+        request_id=new_request_id(),
     )
     client.announce_weights(WeightVersion(5, "file:///w/5", SHA, 10, time.time()))
     batch = client.sample(SampleSpec(1, 5, 0.0, max_age_versions=1))
@@ -170,7 +178,7 @@ def test_over_size_message_is_resource_exhausted(tmp_path):
             (pid,) = client.put_prompts([Prompt("", "x")]).prompt_ids
             huge = trajectory(pid, completion=list(range(300_000)))
             with pytest.raises(ResourceExhaustedError):
-                client.add_trajectories([huge], "s1")
+                client.add_trajectories([huge], searcher_id="s1", request_id=new_request_id())
             assert client.stats().trajectories == 0
     finally:
         service.stop()

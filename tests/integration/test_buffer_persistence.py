@@ -5,7 +5,7 @@ import time
 
 from tba.buffer.config import BufferClientSettings
 from tba.buffer.transport.grpc_client import BufferClient
-from tba.domain import Prompt, SampleSpec, WeightVersion
+from tba.domain import Prompt, SampleSpec, WeightVersion, new_request_id
 from tests.fixtures.buffer_service import start_buffer
 from tests.fixtures.data import trajectory
 
@@ -22,7 +22,9 @@ def test_restarted_service_finds_everything_accepted(redis_server, tmp_path):
             accepted = 0
             for n, pid in enumerate(ids.prompt_ids):
                 batch = [trajectory(pid, completion=[n, k], reward=k) for k in range(5)]
-                accepted += client.add_trajectories(batch, "s1").accepted
+                accepted += client.add_trajectories(
+                    batch, searcher_id="s1", request_id=new_request_id()
+                ).accepted
             client.announce_weights(WeightVersion(3, "file:///w/3", "b" * 64, 6, time.time()))
             before = client.stats()
         service.restart(signal.SIGKILL)

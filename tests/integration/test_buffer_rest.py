@@ -5,6 +5,7 @@ import pytest
 
 from tba.buffer.config import BufferClientSettings
 from tba.buffer.transport.grpc_client import BufferClient
+from tba.domain import new_request_id
 from tests.fixtures.buffer_service import start_buffer
 from tests.fixtures.data import trajectory
 
@@ -22,7 +23,12 @@ def test_submitted_prompts_join_the_pool_searchers_lease(http, buffer_service):
     with BufferClient(BufferClientSettings(address=buffer_service.address)) as client:
         lease = client.lease_prompts("s1", 5)
         assert [(p.id, p.text, p.answer) for p in lease.prompts] == [(prompt_id, "3+4=", "7")]
-        client.add_trajectories([trajectory(prompt_id, reward=1.0)], "s1", lease.lease_id)
+        client.add_trajectories(
+            [trajectory(prompt_id, reward=1.0)],
+            searcher_id="s1",
+            request_id=new_request_id(),
+            lease_id=lease.lease_id,
+        )
     stats = http.get("/v1/stats").json()
     assert stats["trajectories"] == 1 and stats["prompts"] == 1
     assert stats["reward_mean"] == 1.0

@@ -14,7 +14,7 @@ import pytest
 
 from tba.buffer.config import BufferClientSettings
 from tba.buffer.transport.grpc_client import BufferClient
-from tba.domain import Prompt
+from tba.domain import Prompt, new_request_id
 from tba.errors import FailedPreconditionError
 from tba.runs import Run, RunIdentity, RunRecipe
 from tests.fixtures.buffer_service import BufferProcess, start_buffer
@@ -82,13 +82,27 @@ def test_contradicting_runs_and_searchers_are_refused_naming_the_field(service):
 def test_trajectories_are_tagged_with_the_registered_run(service):
     with client_of(service) as client:
         (pid,) = client.put_prompts([Prompt("", "1+1=", "2")]).prompt_ids
-        assert client.add_trajectories([trajectory(pid, (1,))], "old-client").accepted == 1
+        assert (
+            client.add_trajectories(
+                [trajectory(pid, (1,))], searcher_id="old-client", request_id=new_request_id()
+            ).accepted
+            == 1
+        )
         client.register_run(RUN)
         with pytest.raises(FailedPreconditionError, match="untagged batch"):
-            client.add_trajectories([trajectory(pid, (2,))], "old-client")
+            client.add_trajectories(
+                [trajectory(pid, (2,))], searcher_id="old-client", request_id=new_request_id()
+            )
         with pytest.raises(FailedPreconditionError, match="run run-2, but the buffer serves"):
-            client.add_trajectories([trajectory(pid, (3,))], "s1", run_id="run-2")
-        tagged = client.add_trajectories([trajectory(pid, (4,))], "s1", run_id="run-1")
+            client.add_trajectories(
+                [trajectory(pid, (3,))],
+                searcher_id="s1",
+                request_id=new_request_id(),
+                run_id="run-2",
+            )
+        tagged = client.add_trajectories(
+            [trajectory(pid, (4,))], searcher_id="s1", request_id=new_request_id(), run_id="run-1"
+        )
         assert tagged.accepted == 1
         assert client.stats().trajectories_added_total == 2
 

@@ -30,17 +30,19 @@ LIMITS = StoreLimits(
 )
 
 
-def random_call(rng: random.Random, now: float, lease_ids: list[str]) -> tuple[str, tuple]:
-    """One store call with arguments drawn to hit every path: id collisions, duplicate
-    completions, replays, stale and unknown leases, evictions."""
+def random_call(
+    rng: random.Random, now: float, lease_ids: list[str]
+) -> tuple[str, tuple, dict[str, Any]]:
+    """One store call (name, arguments, keyword arguments) with arguments drawn to hit every
+    path: id collisions, duplicate completions, replays, stale and unknown leases, evictions."""
     prompt_ids = [f"q{i}" for i in range(12)] + ["p1", "p3"]
     kind = rng.choice(["put", "lease", "add", "add", "add", "read", "counters"])
     if kind == "put":
         ids = [rng.choice([*prompt_ids, "", ""]) for _ in range(rng.randint(1, 4))]
-        return "put_prompts", ([Prompt(i, f"text {i}") for i in ids],)
+        return "put_prompts", ([Prompt(i, f"text {i}") for i in ids],), {}
     if kind == "lease":
         searcher = rng.choice(["s1", "s2"])
-        return "lease_prompts", (searcher, rng.randint(1, 5), rng.choice([1.0, 5.0, 50.0]), now)
+        return "lease_prompts", (searcher, rng.randint(1, 5), rng.choice([1.0, 5.0, 50.0]), now), {}
     if kind == "add":
         trajs = [
             trajectory(
@@ -53,17 +55,24 @@ def random_call(rng: random.Random, now: float, lease_ids: list[str]) -> tuple[s
         ]
         lease = rng.choice([*lease_ids[-3:], "", "l999"])
         request, digest = f"r{rng.randint(0, 30)}", rng.choice(["d0", "d1"])
-        return "add_trajectories", (request, rng.choice(["s1", "s2"]), lease, trajs, now, digest)
+        searcher = rng.choice(["s1", "s2"])
+        return (
+            "add_trajectories",
+            (trajs,),
+            dict(
+                request_id=request, searcher_id=searcher, lease_id=lease, now_s=now, digest=digest
+            ),
+        )
     if kind == "read":
         which = rng.choice(["recent", "random", "candidates", "get"])
         if which == "recent":
-            return "recent_prompt_ids", (rng.randint(1, 8),)
+            return "recent_prompt_ids", (rng.randint(1, 8),), {}
         if which == "random":
-            return "random_prompt_ids", ([rng.random() for _ in range(5)],)
+            return "random_prompt_ids", ([rng.random() for _ in range(5)],), {}
         if which == "candidates":
-            return "candidates", (rng.sample(prompt_ids, 4),)
-        return "get_trajectories", ([rng.randint(1, 200) for _ in range(6)],)
-    return "counters", (now,)
+            return "candidates", (rng.sample(prompt_ids, 4),), {}
+        return "get_trajectories", ([rng.randint(1, 200) for _ in range(6)],), {}
+    return "counters", (now,), {}
 
 
 async def outcome(call: Awaitable[Any]) -> Any:
@@ -87,15 +96,15 @@ def test_redis_store_computes_exactly_what_memory_store_does(
             await redis_store.put_prompts([Prompt(f"q{i}", "x") for i in range(12)])
             for step in range(600):
                 now += rng.choice([0.0, 0.001, 0.5, 2.0, 20.0])
-                method, args = random_call(rng, now, lease_ids)
+                method, args, kwargs = random_call(rng, now, lease_ids)
                 if method == "add_trajectories":  # the service only sends known prompts
-                    known = await memory.get_prompts([t.prompt_id for t in args[3]])
-                    args = (*args[:3], [t for t in args[3] if t.prompt_id in known], *args[4:])
-                    if not args[3]:
+                    known = await memory.get_prompts([t.prompt_id for t in args[0]])
+                    args = ([t for t in args[0] if t.prompt_id in known],)
+                    if not args[0]:
                         continue
-                expected = await outcome(getattr(memory, method)(*args))
-                got = await outcome(getattr(redis_store, method)(*args))
-                assert got == expected, f"step {step}: {method}{args}"
+                expected = await outcome(getattr(memory, method)(*args, **kwargs))
+                got = await outcome(getattr(redis_store, method)(*args, **kwargs))
+                assert got == expected, f"step {step}: {method}{args}{kwargs}"
                 if method == "lease_prompts" and got.lease_id:
                     lease_ids.append(got.lease_id)
                 if method == "add_trajectories":
@@ -137,7 +146,14 @@ async def fill(store: BufferStore) -> str:
         trajs = [
             trajectory(f"q{(i + j) % 6}", (i, j), reward=j / 3, policy_version=i) for j in range(4)
         ]
-        await store.add_trajectories(f"r{i}", "s1", "", trajs, NOW + i, f"d{i}")
+        await store.add_trajectories(
+            trajs,
+            request_id=f"r{i}",
+            searcher_id="s1",
+            lease_id="",
+            now_s=NOW + i,
+            digest=f"d{i}",
+        )
     await store.record_sampled(3)
     await store.announce_weights(WeightVersion(4, "file:///w/4", "c" * 64, 8, NOW))
     return lease.lease_id
@@ -160,10 +176,24 @@ def test_everything_comes_back_from_the_aof(redis_server: RedisServer, how: str)
             assert await snapshot(store, NOW + 10) == before
             assert before["counters"].leases_in_flight == 2
             assert (await store.lease_prompts("s2", 6, 1.0, NOW + 10)).prompts[0].id == "q2"
-            result = await store.add_trajectories("r0", "s1", lease_id, [], NOW + 11, "d0")
+            result = await store.add_trajectories(
+                [],
+                request_id="r0",
+                searcher_id="s1",
+                lease_id=lease_id,
+                now_s=NOW + 11,
+                digest="d0",
+            )
             assert result.replayed  # request ids survive as well, with their digests
             with pytest.raises(FailedPreconditionError):
-                await store.add_trajectories("r1", "s1", "", [], NOW + 11, "d0")
+                await store.add_trajectories(
+                    [],
+                    request_id="r1",
+                    searcher_id="s1",
+                    lease_id="",
+                    now_s=NOW + 11,
+                    digest="d0",
+                )
         finally:
             await store.close()
 
@@ -203,7 +233,14 @@ def test_keys_do_not_grow_with_the_number_of_trajectories(
     async def add_batches(store: BufferStore, batches: range) -> None:
         for b in batches:
             trajs = [trajectory(f"q{i % 6}", (b, i), reward=0.5) for i in range(50)]
-            await store.add_trajectories(f"r{b}", "s1", "", trajs, NOW, f"d{b}")
+            await store.add_trajectories(
+                trajs,
+                request_id=f"r{b}",
+                searcher_id="s1",
+                lease_id="",
+                now_s=NOW,
+                digest=f"d{b}",
+            )
 
     async def main() -> tuple[int, int]:
         limits = StoreLimits(10_000, 1000, True, 60.0, (0.0, 1.0))
@@ -277,7 +314,14 @@ def test_a_request_id_kept_before_digests_still_replays(
         store = RedisStore(shared_redis.url, unique_prefix, LIMITS)
         try:
             await store.put_prompts([Prompt("q1", "x")])
-            again = await store.add_trajectories("old", "s1", "", [trajectory("q1")], NOW, "d")
+            again = await store.add_trajectories(
+                [trajectory("q1")],
+                request_id="old",
+                searcher_id="s1",
+                lease_id="",
+                now_s=NOW,
+                digest="d",
+            )
             assert again == AddResult(2, 1, 0, replayed=True)
             assert (await store.counters(NOW)).trajectories == 0
         finally:

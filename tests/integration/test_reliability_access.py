@@ -18,7 +18,7 @@ from pydantic import SecretStr
 
 from tba.buffer.config import BufferClientSettings
 from tba.buffer.transport.grpc_client import BufferClient
-from tba.domain import Prompt, SampleSpec, WeightVersion
+from tba.domain import Prompt, SampleSpec, WeightVersion, new_request_id
 from tba.errors import UnauthenticatedError, UnavailableError
 from tests.fixtures.buffer_service import BufferProcess
 from tests.fixtures.data import trajectory
@@ -57,7 +57,9 @@ def client(address: str, token: str | None = TOKEN, **fields: Any) -> BufferClie
 CALLS: dict[str, Callable[[BufferClient], object]] = {
     "PutPrompts": lambda c: c.put_prompts([Prompt("", "1+1=", "2")]),
     "LeasePrompts": lambda c: c.lease_prompts("s1", 4),
-    "AddTrajectories": lambda c: c.add_trajectories([trajectory("p1")], "s1"),
+    "AddTrajectories": lambda c: c.add_trajectories(
+        [trajectory("p1")], searcher_id="s1", request_id=new_request_id()
+    ),
     "Sample": lambda c: c.sample(SampleSpec(1, 1, 0.5)),
     "GetStats": lambda c: c.stats(),
     "AnnounceWeights": lambda c: c.announce_weights(
@@ -83,7 +85,12 @@ def test_with_the_token_every_grpc_call_works(guarded):
     with client(guarded.address) as member:
         (pid,) = member.put_prompts([Prompt("", "1+1=", "2")]).prompt_ids
         lease = member.lease_prompts("s1", 4)
-        added = member.add_trajectories([trajectory(pid)], "s1", lease.lease_id)
+        added = member.add_trajectories(
+            [trajectory(pid)],
+            searcher_id="s1",
+            request_id=new_request_id(),
+            lease_id=lease.lease_id,
+        )
         member.announce_weights(WeightVersion(1, "file:///w/1", "a" * 64, 1, time.time()))
         assert added.accepted == 1
         assert len(member.sample(SampleSpec(1, 1, 0.5)).groups) == 1
@@ -173,7 +180,12 @@ def test_redis_behind_a_password_and_no_secret_in_any_log(tmp_path, user):
     try:
         with client(service.address) as member:
             (pid,) = member.put_prompts([Prompt("", "1+1=", "2")]).prompt_ids
-            assert member.add_trajectories([trajectory(pid)], "s1").accepted == 1
+            assert (
+                member.add_trajectories(
+                    [trajectory(pid)], searcher_id="s1", request_id=new_request_id()
+                ).accepted
+                == 1
+            )
             assert member.sample(SampleSpec(1, 1, 0.5)).groups[0].prompt.id == pid
             intruder = client(service.address, token="wrong-token-0123456789")
             with intruder, pytest.raises(UnauthenticatedError):

@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tba.buffer.config import BufferClientSettings
 from tba.buffer.transport.grpc_client import BufferClient
 from tba.buffer.transport.grpc_server import LIVENESS, READINESS
-from tba.domain import Prompt, SampleSpec, Trajectory, unpack_tokens
+from tba.domain import Prompt, SampleSpec, Trajectory, new_request_id, unpack_tokens
 from tests.fixtures.buffer_service import start_buffer
 from tests.fixtures.data import trajectory
 from tests.fixtures.deploy_settings import run_tool
@@ -99,7 +99,7 @@ class Writer(threading.Thread):
         client.put_prompts([Prompt(prompt_id, f"{n}+1=", str(n + 1))])
         self.prompts.append(prompt_id)
         batch = [trajectory(prompt_id, (n, k), reward=k / PER_BATCH) for k in range(PER_BATCH)]
-        result = client.add_trajectories(batch, "writer")
+        result = client.add_trajectories(batch, searcher_id="writer", request_id=new_request_id())
         assert result.accepted == PER_BATCH, result
         self.trajectories.update(_key(t) for t in batch)
 
@@ -302,7 +302,9 @@ def _serve_until_every_prompt_has_a_trajectory(client: BufferClient) -> dict[str
             empty.wait(0.05)  # the dead searcher's lease has not expired yet
             continue
         batch = [trajectory(p.id, (round_no, i)) for i, p in enumerate(lease.prompts)]
-        client.add_trajectories(batch, "survivor", lease.lease_id)
+        client.add_trajectories(
+            batch, searcher_id="survivor", request_id=new_request_id(), lease_id=lease.lease_id
+        )
         for p in lease.prompts:
             served.setdefault(p.id, round_no)
         if len(served) == PROMPTS:

@@ -77,7 +77,13 @@ async def add(
     request_id = request_id or uuid.uuid4().hex
     digest = codec.request_digest("s1", lease_id, trajectories)
     return await store.add_trajectories(
-        request_id, "s1", lease_id, trajectories, now, digest, run_id
+        trajectories,
+        request_id=request_id,
+        searcher_id="s1",
+        lease_id=lease_id,
+        now_s=now,
+        digest=digest,
+        run_id=run_id,
     )
 
 
@@ -163,7 +169,14 @@ def test_leasing_records_the_searcher(make_store: MakeStore) -> None:
         await store.lease_prompts("idle", 1, 10.0, NOW)
         await put(store, "a")
         await store.lease_prompts("busy", 1, 10.0, NOW + 1)
-        await store.add_trajectories("r", "busy", "", [trajectory("a")], NOW + 2, "d")
+        await store.add_trajectories(
+            [trajectory("a")],
+            request_id="r",
+            searcher_id="busy",
+            lease_id="",
+            now_s=NOW + 2,
+            digest="d",
+        )
         searchers = (await store.counters(NOW + 2)).searchers
         assert [(s.searcher_id, s.last_seen_s, s.trajectories_added) for s in searchers] == [
             ("busy", NOW + 2, 1),

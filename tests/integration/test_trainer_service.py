@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from tba.buffer.config import BufferClientSettings
 from tba.buffer.transport.grpc_client import BufferClient
-from tba.domain import Prompt, Trajectory, WeightVersion, pack_tokens
+from tba.domain import Prompt, Trajectory, WeightVersion, new_request_id, pack_tokens
 from tba.models.config import ModelSettings
 from tba.models.logprobs import sequence_logprobs
 from tba.objectstore.local import FileStore
@@ -66,7 +66,7 @@ def add_searcher_round(client: BufferClient, prompts: int = 4, per_prompt: int =
             )
             for j, (c, lp) in enumerate(zip(completions, logp, strict=True))
         ]
-        client.add_trajectories(trajectories, searcher_id="s1")
+        client.add_trajectories(trajectories, searcher_id="s1", request_id=new_request_id())
 
 
 def run_trainer(

@@ -43,6 +43,7 @@ class RecordingBuffer:
     prompts: list[Prompt]
     failures: int = 0
     attempts: list[str] = field(default_factory=list)
+    searchers: list[str] = field(default_factory=list)
     adds: list[tuple[list[Trajectory], str, str]] = field(default_factory=list)
 
     def lease_prompts(self, searcher_id: str, max_prompts: int, lease_s: float = 0.0) -> Lease:
@@ -52,12 +53,14 @@ class RecordingBuffer:
     def add_trajectories(
         self,
         trajectories: Sequence[Trajectory],
+        *,
         searcher_id: str,
+        request_id: str,
         lease_id: str = "",
-        request_id: str | None = None,
     ) -> AddResult:
         assert request_id
         self.attempts.append(request_id)
+        self.searchers.append(searcher_id)
         if self.failures:
             self.failures -= 1
             raise UnavailableError("buffer unavailable")
@@ -219,6 +222,8 @@ def test_rounds_stop_at_max_rounds_and_carry_every_field(tmp_path):
     loop = make_loop(tmp_path, buffer, max_rounds=2, eos_nats=0.0)
     assert loop.run() == 2
     assert len(buffer.adds) == 2
+    # Each batch is sent as this searcher's; the buffer files its trajectories under it.
+    assert buffer.searchers == ["searcher-test"] * 2
     tokenizer = loop.engine.tokenizer  # type: ignore[attr-defined]
     for t in buffer.posted():
         prompt = next(p for p in PROMPTS if p.id == t.prompt_id)
@@ -226,7 +231,7 @@ def test_rounds_stop_at_max_rounds_and_carry_every_field(tmp_path):
         completion = unpack_tokens(t.completion_token_ids).tolist()
         assert t.completion_text == tokenizer.decode(completion, skip_special_tokens=True)
         assert t.reward == ArithmeticTask().reward(prompt, t.completion_text)
-        assert t.policy_version == 0 and t.searcher_id == "searcher-test"
+        assert t.policy_version == 0
         assert t.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
         assert t.created_at_s > 0 and math.isfinite(t.ref_logprob + t.behavior_logprob)
 

@@ -229,10 +229,11 @@ class MemoryStore:
 
     async def add_trajectories(
         self,
+        trajectories: Sequence[Trajectory],
+        *,
         request_id: str,
         searcher_id: str,
         lease_id: str,
-        trajectories: Sequence[Trajectory],
         now_s: float,
         digest: str,
         run_id: str = "",

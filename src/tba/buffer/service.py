@@ -81,15 +81,18 @@ class BufferService:
 
     async def add_trajectories(
         self,
+        trajectories: Sequence[Trajectory],
+        *,
         request_id: str,
         searcher_id: str,
         lease_id: str,
-        trajectories: Sequence[Trajectory],
         run_id: str = "",
     ) -> AddResult:
         """Stores the batch once per `request_id`: a retry of the same batch gets the first
         result (`replayed`); the id reused for another batch is FailedPreconditionError, and
-        so is a batch of another run than the registered one (`runs.check_tagged`)."""
+        so is a batch of another run than the registered one (`runs.check_tagged`). Each
+        trajectory is stored under the request's `searcher_id` (the buffer owns that field;
+        `created_at_s` is the sender's)."""
         validation.check_add(request_id, searcher_id, lease_id, trajectories, self.settings, run_id)
         digest = codec.request_digest(searcher_id, lease_id, trajectories)
         prompt_ids = {t.prompt_id for t in trajectories}
@@ -98,12 +101,15 @@ class BufferService:
         if unknown:
             raise InvalidArgumentError(f"unknown prompt ids: {', '.join(unknown[:10])}")
         now_s = self._clock()
-        stamped = [
-            dataclasses.replace(t, searcher_id=searcher_id, created_at_s=t.created_at_s or now_s)
-            for t in trajectories
-        ]
+        stamped = [dataclasses.replace(t, searcher_id=searcher_id) for t in trajectories]
         result = await self.store.add_trajectories(
-            request_id, searcher_id, lease_id, stamped, now_s, digest, run_id
+            stamped,
+            request_id=request_id,
+            searcher_id=searcher_id,
+            lease_id=lease_id,
+            now_s=now_s,
+            digest=digest,
+            run_id=run_id,
         )
         if not result.replayed:
             self._adds.add(result.accepted)

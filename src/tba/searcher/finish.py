@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -22,7 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from tba.clock import Clock
-from tba.domain import AddResult, FinishReason, Prompt, Trajectory, pack_tokens
+from tba.domain import AddResult, FinishReason, Prompt, Trajectory, new_request_id, pack_tokens
 from tba.errors import UnavailableError
 from tba.retry import Backoff, retry
 from tba.searcher.config import SearcherSettings
@@ -36,9 +35,10 @@ class TrajectorySink(Protocol):
     def add_trajectories(
         self,
         trajectories: Sequence[Trajectory],
+        *,
         searcher_id: str,
+        request_id: str,
         lease_id: str = "",
-        request_id: str | None = None,
     ) -> AddResult: ...
 
 
@@ -212,7 +212,6 @@ class RoundFinisher:
                     ref_logprob=ref,
                     behavior_logprob=completion.behavior_logprob,
                     policy_version=policy_version,
-                    searcher_id=self.searcher_id,
                     finish_reason=completion.finish_reason,
                     created_at_s=created_at_s,
                 )
@@ -229,11 +228,11 @@ class RoundFinisher:
     def _add(self, chunk: list[Trajectory], lease_id: str) -> None:
         """One AddTrajectories call under one request id, retried with the same id when the
         buffer stays unavailable past the client's own retries (no duplicates stored)."""
-        request_id = uuid.uuid4().hex
+        request_id = new_request_id()
         wait_s = self.settings.idle_poll_s
         retry(
             lambda: self.buffer.add_trajectories(
-                chunk, self.searcher_id, lease_id=lease_id, request_id=request_id
+                chunk, searcher_id=self.searcher_id, request_id=request_id, lease_id=lease_id
             ),
             Backoff(self.settings.add_retries, wait_s, wait_s),
             retry_on=lambda exc: isinstance(exc, UnavailableError),

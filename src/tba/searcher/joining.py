@@ -106,10 +106,15 @@ class RunBuffer:
     def add_trajectories(
         self,
         trajectories: Sequence[Trajectory],
+        *,
         searcher_id: str,
+        request_id: str,
         lease_id: str = "",
-        request_id: str | None = None,
     ) -> AddResult:
         return self.client.add_trajectories(
-            trajectories, searcher_id, lease_id, request_id, run_id=self.run_id
+            trajectories,
+            searcher_id=searcher_id,
+            request_id=request_id,
+            lease_id=lease_id,
+            run_id=self.run_id,
         )

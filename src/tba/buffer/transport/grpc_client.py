@@ -9,7 +9,6 @@ With `auth_token` set every call carries it as `authorization: Bearer` metadata;
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -90,13 +89,16 @@ class BufferClient:
     def add_trajectories(
         self,
         trajectories: Sequence[domain.Trajectory],
+        *,
         searcher_id: str,
+        request_id: str,
         lease_id: str = "",
-        request_id: str | None = None,
         run_id: str = "",
     ) -> domain.AddResult:
+        """`request_id`: the caller's (`domain.new_request_id`), new for each batch and the
+        same for its retries; this client's own retries of the call reuse it."""
         request = pb.AddTrajectoriesRequest(
-            request_id=request_id or uuid.uuid4().hex,
+            request_id=request_id,
             searcher_id=searcher_id,
             lease_id=lease_id,
             trajectories=[proto_convert.trajectory_to_pb(t) for t in trajectories],

@@ -98,7 +98,11 @@ class ReplayBufferServicer(pb_grpc.ReplayBufferServicer):
     async def AddTrajectories(self, request: Any, context: Any) -> pb.AddTrajectoriesResponse:
         trajectories = [proto_convert.trajectory_from_pb(t) for t in request.trajectories]
         result = await self._service.add_trajectories(
-            request.request_id, request.searcher_id, request.lease_id, trajectories, request.run_id
+            trajectories,
+            request_id=request.request_id,
+            searcher_id=request.searcher_id,
+            lease_id=request.lease_id,
+            run_id=request.run_id,
         )
         return proto_convert.add_result_to_pb(result)
 
