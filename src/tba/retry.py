@@ -14,7 +14,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Backoff:
     """`retries` attempts after the first: the first retry waits `first_s`, each next one twice
     the wait before it, up to `max_s` (`max_s` = `first_s`: always the same wait)."""

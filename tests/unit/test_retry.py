@@ -38,15 +38,15 @@ def run(attempt: Flaky, backoff: Backoff) -> tuple[object, list[float], list[tup
 
 
 def test_waits_double_up_to_the_cap_and_the_first_is_never_cut():
-    assert list(Backoff(5, 0.5, 3.0).waits_s()) == [0.5, 1.0, 2.0, 3.0, 3.0]
-    assert list(Backoff(3, 1.0, 1.0).waits_s()) == [1.0, 1.0, 1.0]
-    assert list(Backoff(2, 60.0, 10.0).waits_s()) == [60.0, 10.0]
-    assert list(Backoff(0, 1.0, 1.0).waits_s()) == []
+    assert list(Backoff(retries=5, first_s=0.5, max_s=3.0).waits_s()) == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert list(Backoff(retries=3, first_s=1.0, max_s=1.0).waits_s()) == [1.0, 1.0, 1.0]
+    assert list(Backoff(retries=2, first_s=60.0, max_s=10.0).waits_s()) == [60.0, 10.0]
+    assert list(Backoff(retries=0, first_s=1.0, max_s=1.0).waits_s()) == []
 
 
 def test_a_retryable_error_is_retried_until_the_attempt_succeeds():
     attempt = Flaky(ConnectionError("a"), ConnectionError("b"))
-    result, waits_s, logged = run(attempt, Backoff(5, 1.0, 10.0))
+    result, waits_s, logged = run(attempt, Backoff(retries=5, first_s=1.0, max_s=10.0))
     assert result == "done" and attempt.calls == 3
     assert waits_s == [1.0, 2.0]
     assert logged == [("a", 1), ("b", 2)]
@@ -55,7 +55,7 @@ def test_a_retryable_error_is_retried_until_the_attempt_succeeds():
 def test_the_last_attempts_error_propagates_once_retries_are_spent():
     last = ConnectionError("c")
     attempt = Flaky(ConnectionError("a"), ConnectionError("b"), last)
-    result, waits_s, _ = run(attempt, Backoff(2, 1.0, 10.0))
+    result, waits_s, _ = run(attempt, Backoff(retries=2, first_s=1.0, max_s=10.0))
     assert result is last and attempt.calls == 3
     assert waits_s == [1.0, 2.0]
 
@@ -63,13 +63,13 @@ def test_the_last_attempts_error_propagates_once_retries_are_spent():
 def test_other_errors_propagate_at_once():
     refused = ValueError("no")
     attempt = Flaky(ConnectionError("a"), refused)
-    result, waits_s, _ = run(attempt, Backoff(5, 1.0, 10.0))
+    result, waits_s, _ = run(attempt, Backoff(retries=5, first_s=1.0, max_s=10.0))
     assert result is refused and attempt.calls == 2 and waits_s == [1.0]
 
 
 @pytest.mark.parametrize("retries", [0, 1])
 def test_no_retries_left_means_one_more_attempt_at_most(retries):
     attempt = Flaky(*[ConnectionError(str(i)) for i in range(5)])
-    result, waits_s, _ = run(attempt, Backoff(retries, 1.0, 1.0))
+    result, waits_s, _ = run(attempt, Backoff(retries=retries, first_s=1.0, max_s=1.0))
     assert isinstance(result, ConnectionError) and attempt.calls == retries + 1
     assert len(waits_s) == retries

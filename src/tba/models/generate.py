@@ -147,7 +147,7 @@ def padded(
     return {name: tensor.to(device) for name, tensor in inputs.items()}
 
 
-def cut_at_eos(tokens: list[int], eos_ids: Sequence[int]) -> tuple[list[int], bool]:
+def cut_at_eos(tokens: list[int], *, eos_ids: Sequence[int]) -> tuple[list[int], bool]:
     """The tokens up to and including the first EOS (kept: the policy chose to stop), the
     padding `generate` put after it gone, and whether there was one (else the length limit
     ended the completion)."""
@@ -158,7 +158,7 @@ def cut_at_eos(tokens: list[int], eos_ids: Sequence[int]) -> tuple[list[int], bo
 
 
 def _generated_text(tokenizer: Any, tokens: list[int], eos_ids: list[int]) -> GeneratedText:
-    kept, finished = cut_at_eos(tokens, eos_ids)
+    kept, finished = cut_at_eos(tokens, eos_ids=eos_ids)
     return GeneratedText(tokenizer.decode(kept, skip_special_tokens=True), kept, finished)
 
 

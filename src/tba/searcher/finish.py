@@ -234,7 +234,7 @@ class RoundFinisher:
             lambda: self.buffer.add_trajectories(
                 chunk, searcher_id=self.searcher_id, request_id=request_id, lease_id=lease_id
             ),
-            Backoff(self.settings.add_retries, wait_s, wait_s),
+            Backoff(retries=self.settings.add_retries, first_s=wait_s, max_s=wait_s),
             retry_on=lambda exc: isinstance(exc, UnavailableError),
             on_retry=_log_add_retry,
             sleep=self.clock.sleep,

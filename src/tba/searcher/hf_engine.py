@@ -120,7 +120,7 @@ class TransformersEngine:
         return cache
 
     def _completion(self, tokens: list[int], logprobs: torch.Tensor) -> Completion:
-        tokens, stopped = cut_at_eos(tokens, self.eos_token_ids)
+        tokens, stopped = cut_at_eos(tokens, eos_ids=self.eos_token_ids)
         finish = FinishReason.STOP if stopped else FinishReason.LENGTH
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         behavior_logprob = float(logprobs[: len(tokens)].sum())

@@ -101,7 +101,9 @@ class StorePublisher:
         try:
             return retry(
                 lambda: self._attempt(attempts),
-                Backoff(self.retries, self.retry_backoff_s, MAX_RETRY_BACKOFF_S),
+                Backoff(
+                    retries=self.retries, first_s=self.retry_backoff_s, max_s=MAX_RETRY_BACKOFF_S
+                ),
                 retry_on=lambda exc: isinstance(exc, UnavailableError),
                 on_retry=log_retry,
                 sleep=self.sleep,

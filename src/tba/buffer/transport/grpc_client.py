@@ -137,7 +137,11 @@ class BufferClient:
     def _call(self, method: Callable[..., T], request: object) -> T:
         """`method(request)`, retried while the service is unavailable; its final error as
         the domain error of its status code."""
-        backoff = Backoff(self.settings.retries, self.settings.retry_backoff_s, _MAX_BACKOFF_S)
+        backoff = Backoff(
+            retries=self.settings.retries,
+            first_s=self.settings.retry_backoff_s,
+            max_s=_MAX_BACKOFF_S,
+        )
         try:
             return retry(
                 lambda: method(request, timeout=self.settings.timeout_s, metadata=self._metadata),
