@@ -22,6 +22,7 @@ from tests.fixtures.deploy_settings import (
     command_of,
     dockerfile_env,
     env_fields,
+    metrics_listener,
     run_settings_in,
     settings_class,
 )
@@ -124,6 +125,26 @@ def test_compose_run_file_variable_moves_every_service_to_another_run(compose: C
 def test_compose_environment_leaves_the_run_to_the_run_file(compose: Compose, profile: str) -> None:
     for name, service in compose.config(profile)["services"].items():
         assert run_settings_in(service.get("environment") or {}) == [], name
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_compose_every_tba_service_serves_and_publishes_its_metrics(
+    compose: Compose, profile: str
+) -> None:
+    """Buffer, trainer and every searcher serve /metrics on every interface of their container,
+    each published on its own host port (deploy/grafana/tba.json reads them)."""
+    published = []
+    for name, service in tba_services(compose.config(profile)["services"]).items():
+        command = command_of(argv_of(service))
+        assert command is not None
+        image = dockerfile_env(ROOT / "services" / command[0] / "Dockerfile")
+        host, port = metrics_listener(command, {**image, **service["environment"]})
+        assert port is not None and host == "0.0.0.0", f"{name}: metrics on {host}:{port}"
+        ports = {int(p["target"]): p for p in service.get("ports") or []}
+        assert port in ports, f"{name}: metrics port {port} not published"
+        assert ports[port]["host_ip"] == "127.0.0.1", name
+        published.append(int(ports[port]["published"]))
+    assert len(published) == len(set(published)), f"host ports repeat: {published}"
 
 
 def _gpu_ids(service: dict[str, Any]) -> list[str]:

@@ -29,6 +29,7 @@ from tests.fixtures.deploy_settings import (
     containers,
     k8s_workloads,
     kustomize,
+    metrics_listener,
     mounted_files,
     run_settings_in,
     run_tool,
@@ -143,6 +144,29 @@ def test_overlay_pods_run_locked_down_with_requests(overlay: str) -> None:
             assert security.get("allowPrivilegeEscalation") is False, where
             requests = container.get("resources", {}).get("requests", {})
             assert {"cpu", "memory"} <= set(requests), where
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_pods_serve_metrics_where_their_scrape_annotations_say(overlay: str) -> None:
+    """Every tba pod template carries the prometheus.io annotations, naming a port of its
+    container on which its command serves /metrics on every interface, which the
+    NetworkPolicies let any pod reach (Prometheus)."""
+    from tests.fixtures.deploy_harness import Image
+
+    docs = documents(overlay)
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    stranger = {"app.kubernetes.io/name": "prometheus"}
+    for where, pod, container in tba_containers(overlay):
+        annotations = pod["metadata"].get("annotations") or {}
+        assert annotations.get("prometheus.io/scrape") == "true", where
+        assert annotations.get("prometheus.io/path") == "/metrics", where
+        port = int(annotations["prometheus.io/port"])
+        assert port in {p["containerPort"] for p in container.get("ports") or []}, where
+        env = {**Image.of(container["image"]).env, **container_env(docs, container)}
+        command = command_of(container_argv(container))
+        assert command is not None
+        assert metrics_listener(command, env) == ("0.0.0.0", port), where
+        assert admitted(policies, stranger, pod["metadata"]["labels"], port), where
 
 
 def _gpus(container: dict[str, Any]) -> int:
