@@ -42,7 +42,8 @@ def random_call(
         return "put_prompts", ([Prompt(i, f"text {i}") for i in ids],), {}
     if kind == "lease":
         searcher = rng.choice(["s1", "s2"])
-        return "lease_prompts", (searcher, rng.randint(1, 5), rng.choice([1.0, 5.0, 50.0]), now), {}
+        max_prompts, lease_s = rng.randint(1, 5), rng.choice([1.0, 5.0, 50.0])
+        return "lease_prompts", (searcher, max_prompts), {"lease_s": lease_s, "now_s": now}
     if kind == "add":
         trajs = [
             trajectory(
@@ -141,7 +142,7 @@ async def snapshot(store: BufferStore, now: float) -> dict[str, Any]:
 async def fill(store: BufferStore) -> str:
     """Prompts, trajectories, a lease in flight and weights; returns the lease id."""
     await store.put_prompts([Prompt(f"q{i}", f"question {i}", str(i)) for i in range(6)])
-    lease = await store.lease_prompts("s1", 2, 100.0, NOW)
+    lease = await store.lease_prompts("s1", 2, lease_s=100.0, now_s=NOW)
     for i in range(5):
         trajs = [
             trajectory(f"q{(i + j) % 6}", (i, j), reward=j / 3, policy_version=i) for j in range(4)
@@ -175,7 +176,9 @@ def test_everything_comes_back_from_the_aof(redis_server: RedisServer, how: str)
             # The same store, on new connections; Redis has forgotten every script.
             assert await snapshot(store, NOW + 10) == before
             assert before["counters"].leases_in_flight == 2
-            assert (await store.lease_prompts("s2", 6, 1.0, NOW + 10)).prompts[0].id == "q2"
+            assert (await store.lease_prompts("s2", 6, lease_s=1.0, now_s=NOW + 10)).prompts[
+                0
+            ].id == "q2"
             result = await store.add_trajectories(
                 [],
                 request_id="r0",

@@ -95,7 +95,7 @@ async def ids_of(store: BufferStore, prompt_id: str) -> list[int]:
 async def leased(
     store: BufferStore, max_prompts: int, now: float, lease_s: float = 100.0
 ) -> tuple[str, list[str]]:
-    lease = await store.lease_prompts("s1", max_prompts, lease_s, now)
+    lease = await store.lease_prompts("s1", max_prompts, lease_s=lease_s, now_s=now)
     return lease.lease_id, [p.id for p in lease.prompts]
 
 
@@ -119,11 +119,13 @@ def test_put_prompts_assigns_new_ids_and_keeps_existing_ones(make_store: MakeSto
 def test_new_prompts_lease_first_and_expired_leases_come_back(make_store: MakeStore) -> None:
     async def scenario(store: BufferStore) -> None:
         await put(store, "c", "a", "b")
-        lease = await store.lease_prompts("s1", 2, 10.0, NOW)
+        lease = await store.lease_prompts("s1", 2, lease_s=10.0, now_s=NOW)
         assert [p.id for p in lease.prompts] == ["c", "a"]
         assert lease.lease_id and lease.expires_at_s == NOW + 10.0
         assert (await leased(store, 5, NOW, 10.0))[1] == ["b"]
-        assert await store.lease_prompts("s1", 5, 10.0, NOW + 9.0) == Lease("", [], 0.0)
+        assert await store.lease_prompts("s1", 5, lease_s=10.0, now_s=NOW + 9.0) == Lease(
+            "", [], 0.0
+        )
         assert (await store.counters(NOW + 9.0)).leases_in_flight == 3
         await put(store, "d")
         # At expiry: the new prompt first, then the expired ones (same time: by id).
@@ -166,9 +168,9 @@ def test_stale_or_unknown_lease_acks_store_trajectories_only(make_store: MakeSto
 
 def test_leasing_records_the_searcher(make_store: MakeStore) -> None:
     async def scenario(store: BufferStore) -> None:
-        await store.lease_prompts("idle", 1, 10.0, NOW)
+        await store.lease_prompts("idle", 1, lease_s=10.0, now_s=NOW)
         await put(store, "a")
-        await store.lease_prompts("busy", 1, 10.0, NOW + 1)
+        await store.lease_prompts("busy", 1, lease_s=10.0, now_s=NOW + 1)
         await store.add_trajectories(
             [trajectory("a")],
             request_id="r",
@@ -348,7 +350,7 @@ def test_candidates_list_each_prompts_trajectories_oldest_first(make_store: Make
 def test_counters_aggregate_what_is_stored(make_store: MakeStore) -> None:
     async def scenario(store: BufferStore) -> None:
         await put(store, "a", "b")
-        await store.lease_prompts("s1", 1, 5.0, NOW)
+        await store.lease_prompts("s1", 1, lease_s=5.0, now_s=NOW)
         await add(store, *(trajectory("a", (i,), r, i % 2) for i, r in enumerate(REWARDS)))
         await store.record_sampled(3)
         await store.record_sampled(4)

@@ -218,7 +218,7 @@ class MemoryStore:
         return {p: self._prompts[p] for p in prompt_ids if p in self._prompts}
 
     async def lease_prompts(
-        self, searcher_id: str, max_prompts: int, lease_s: float, now_s: float
+        self, searcher_id: str, max_prompts: int, *, lease_s: float, now_s: float
     ) -> Lease:
         self._seen_s[searcher_id] = now_s
         expires_ms = codec.to_ms(now_s + lease_s)

@@ -115,7 +115,7 @@ class RedisStore:
         return {p: codec.decode_prompt(p, b) for p, b in zip(prompt_ids, blobs, strict=True) if b}
 
     async def lease_prompts(
-        self, searcher_id: str, max_prompts: int, lease_s: float, now_s: float
+        self, searcher_id: str, max_prompts: int, *, lease_s: float, now_s: float
     ) -> Lease:
         expires_ms = codec.to_ms(now_s + lease_s)
         args = [searcher_id, max_prompts, codec.to_ms(now_s), expires_ms, repr(now_s)]

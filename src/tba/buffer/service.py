@@ -77,7 +77,9 @@ class BufferService:
     async def lease_prompts(self, searcher_id: str, max_prompts: int, lease_s: float) -> Lease:
         validation.check_lease(searcher_id, max_prompts, lease_s, self.settings)
         lease_s = lease_s or self.settings.lease_s
-        return await self.store.lease_prompts(searcher_id, max_prompts, lease_s, self._clock())
+        return await self.store.lease_prompts(
+            searcher_id, max_prompts, lease_s=lease_s, now_s=self._clock()
+        )
 
     async def add_trajectories(
         self,

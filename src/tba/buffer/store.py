@@ -77,7 +77,7 @@ class BufferStore(Protocol):
         ...
 
     async def lease_prompts(
-        self, searcher_id: str, max_prompts: int, lease_s: float, now_s: float
+        self, searcher_id: str, max_prompts: int, *, lease_s: float, now_s: float
     ) -> Lease:
         """Takes up to `max_prompts` available prompts, least recently leased first.
         A prompt is available again once its lease is acknowledged or expired."""
