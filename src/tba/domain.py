@@ -78,8 +78,23 @@ class PromptGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class TrainerReport:
+    """The trainer's metrics of its latest step, sent along with a Sample request."""
+
+    step: int
+    loss: float
+    kl: float
+    log_z: float
+    lr: float
+    grad_norm: float
+    step_time_s: float
+    wait_data_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class SampleSpec:
-    """What the trainer asks of the buffer: B prompts x up to K completions."""
+    """What the trainer asks of the buffer: B prompts x up to K completions; `report`, the
+    metrics of its latest step, rides along for the buffer's history."""
 
     num_prompts: int
     samples_per_prompt: int
@@ -88,6 +103,7 @@ class SampleSpec:
     max_age_versions: int | None = None
     min_samples_per_prompt: int = 1
     seed: int | None = None
+    report: TrainerReport | None = None
 
 
 @dataclass(frozen=True, slots=True)

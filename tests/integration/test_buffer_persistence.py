@@ -1,12 +1,15 @@
-"""The buffer service restarted on the same Redis finds every accepted prompt and trajectory."""
+"""The buffer service restarted on the same Redis finds every accepted prompt and trajectory,
+and its history."""
 
 import signal
 import time
 
+import httpx
+
 from tba.buffer.config import BufferClientSettings
 from tba.buffer.transport.grpc_client import BufferClient
 from tba.domain import Prompt, SampleSpec, WeightVersion, new_request_id
-from tests.fixtures.buffer_service import start_buffer
+from tests.fixtures.buffer_service import start_buffer, wait_for_history
 from tests.fixtures.data import trajectory
 
 
@@ -41,5 +44,21 @@ def test_restarted_service_finds_everything_accepted(redis_server, tmp_path):
             assert sum(len(g.trajectories) for g in batch.groups) == 100
             lease = client.lease_prompts("s2", 100)
             assert len(lease.prompts) == 20
+    finally:
+        service.stop()
+
+
+def test_restarted_service_keeps_its_history(redis_server, tmp_path):
+    service = start_buffer(
+        tmp_path, "--store", redis_server.url, "--set", "buffer.history_interval_s=0.2"
+    )
+    try:
+        body = {"version": 1, "step": 2, "metrics": {"accuracy": 0.5}}
+        assert httpx.post(f"{service.http_url}/v1/evaluations", json=body).status_code == 200
+        before = wait_for_history(service.http_url, 3)
+        service.restart(signal.SIGKILL)
+        after = wait_for_history(service.http_url, len(before) + 1)
+        assert after[: len(before)] == before
+        assert any(p["evaluation"] == body for p in after)
     finally:
         service.stop()

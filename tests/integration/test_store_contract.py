@@ -11,12 +11,14 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from tba.buffer import codec
+from tba.buffer.history import BufferPoint, Evaluation, HistoryPoint
 from tba.buffer.store import BufferStore, Candidate, StoreLimits, open_buffer_store
 from tba.domain import (
     AddResult,
     FinishReason,
     Lease,
     Prompt,
+    TrainerReport,
     Trajectory,
     WeightVersion,
     pack_tokens,
@@ -435,3 +437,38 @@ def test_concurrent_registrations_agree_on_one_run(make_store: MakeStore) -> Non
         assert await store.current_run() == registered[0]
 
     run(make_store, scenario)
+
+
+def a_point(at_s: float, version: int = 0) -> HistoryPoint:
+    state = BufferPoint(0.25, 3.5, 1.0, 0.5, 2, 10, 40, 2, version)
+    report = TrainerReport(7, 1.5, 0.01, -2.0, 1e-4, 0.75, 0.2, 0.05)
+    return HistoryPoint(at_s, buffer=state, trainer=report if version % 2 else None)
+
+
+def test_history_keeps_the_points_after_since_oldest_first(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        assert await store.history(0.0) == []
+        evaluation = HistoryPoint(NOW + 7, evaluation=Evaluation(3, 6, {"accuracy": 0.625}))
+        points = [a_point(NOW, 1), a_point(NOW + 5, 2), evaluation, a_point(NOW + 10, 3)]
+        for point in (points[1], points[0], points[3], points[2]):
+            await store.append_history(point)
+        await store.append_history(points[0])  # the same point again is kept once
+        assert await store.history(0.0) == points
+        assert await store.history(NOW) == points[1:]
+        assert await store.history(NOW + 7.5) == points[3:]
+        assert await store.history(NOW + 10) == []
+
+    run(make_store, scenario)
+
+
+def test_history_forgets_points_beyond_its_span_and_count(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        for at_s in (NOW, NOW + 10, NOW + 25):
+            await store.append_history(a_point(at_s))
+        # NOW is at or before NOW + 25 - 20: forgotten.
+        assert [p.at_s for p in await store.history(0.0)] == [NOW + 10, NOW + 25]
+        for at_s in (NOW + 26, NOW + 27):
+            await store.append_history(a_point(at_s))
+        assert [p.at_s for p in await store.history(0.0)] == [NOW + 25, NOW + 26, NOW + 27]
+
+    run(make_store, scenario, limits(history_span_s=20.0, history_max_points=3))

@@ -12,6 +12,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from tba.settings import CommandSettings, Section
 
 MIB = 1024 * 1024
+# Interval points one history holds at most: a day at one point every 0.2 s.
+MAX_HISTORY_POINTS = 432_000
 
 
 class BufferSettings(Section):
@@ -81,6 +83,20 @@ class BufferSettings(Section):
     rate_window_s: float = Field(
         30.0, gt=0, description="Window over which adds/s and samples/s are measured."
     )
+    history_interval_s: float = Field(
+        5.0,
+        ge=0.1,
+        le=3600,
+        description="How often the buffer appends a point to its history (GET /v1/history, "
+        "the dashboard's curves): its state and the trainer's latest step metrics.",
+    )
+    history_span_s: float = Field(
+        86_400.0,
+        ge=1,
+        le=30 * 86_400,
+        description="How far back the history reaches; older points are forgotten (at most "
+        "2 x span / interval points are kept, in the store: Redis keeps them across restarts).",
+    )
     http_header_timeout_s: float = Field(
         10.0,
         gt=0,
@@ -137,6 +153,15 @@ class BufferSettings(Section):
         if any(b <= a for a, b in itertools.pairwise(value)):
             raise ValueError("reward_histogram_edges must be strictly increasing")
         return value
+
+    @model_validator(mode="after")
+    def _check_history_points(self) -> Self:
+        if self.history_span_s / self.history_interval_s > MAX_HISTORY_POINTS:
+            raise ValueError(
+                f"history_span_s / history_interval_s must be at most {MAX_HISTORY_POINTS} "
+                "points: lengthen the interval or shorten the span"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_tls_pair(self) -> Self:

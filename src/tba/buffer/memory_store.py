@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sortedcontainers import SortedList
 
-from tba.buffer import codec
+from tba.buffer import codec, history
 from tba.buffer.store import Candidate, StoreCounters, StoreLimits, reused_request_id
 from tba.domain import (
     AddResult,
@@ -194,6 +194,7 @@ class MemoryStore:
         self._groups_total = 0
         self._weights: WeightVersion | None = None
         self._run: Run | None = None
+        self._history = SortedList()  # (at_s, encoded point)
 
     async def put_prompts(self, prompts: Sequence[Prompt]) -> PutPromptsResult:
         ids = []
@@ -335,5 +336,25 @@ class MemoryStore:
     async def current_run(self) -> Run | None:
         return self._run
 
+    async def append_history(self, point: history.HistoryPoint) -> None:
+        # (time, encoded point): ordered and deduplicated as Redis orders a ZSET.
+        entry = (point.at_s, history.encode_point(point))
+        if entry not in self._history:
+            self._history.add(entry)
+        cutoff = bisect_right_time(self._history, point.at_s - self._limits.history_span_s)
+        del self._history[:cutoff]
+        excess = len(self._history) - self._limits.history_max_points
+        if excess > 0:
+            del self._history[:excess]
+
+    async def history(self, since_s: float) -> list[history.HistoryPoint]:
+        start = bisect_right_time(self._history, since_s)
+        return [history.decode_point(text) for _, text in self._history.islice(start)]
+
     async def close(self) -> None:
         """Nothing to release: the data lives and dies with the process."""
+
+
+def bisect_right_time(entries: SortedList, at_s: float) -> int:
+    """The index of the first (time, text) entry with a time after `at_s`."""
+    return entries.bisect_right((at_s, "\U0010ffff"))

@@ -7,7 +7,8 @@ Keys live under `{key_prefix}:`; per trajectory there is one blob field and one 
 ("version bin reward digest prompt_id"), not a key. A prompt has a history ZSET (`h:`) and,
 with dedup, a digest HASH (`d:`). Prompt-level indexes: `pool` (by available-at ms),
 `recent` (by newest trajectory id), `oldest` (by oldest id: global eviction), `ranked`
-(score 0, by id: random access by rank).
+(score 0, by id: random access by rank). The history is a ZSET of JSON points by time
+(`history`), trimmed by time and count in the same MULTI as each append.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from tba.buffer import codec
+from tba.buffer import codec, history
 from tba.buffer.access import redact_url
 from tba.buffer.store import Candidate, StoreCounters, StoreLimits, reused_request_id
 from tba.domain import (
@@ -254,6 +255,22 @@ class RedisStore:
         with _unavailable_on_connection_error(self._url):
             text: Any = await self._redis.get(self._key("run"))
         return codec.decode_run(text) if text else None
+
+    async def append_history(self, point: history.HistoryPoint) -> None:
+        key, limits = self._key("history"), self._limits
+        with _unavailable_on_connection_error(self._url):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.zadd(key, {history.encode_point(point): point.at_s})
+                pipe.zremrangebyscore(key, "-inf", point.at_s - limits.history_span_s)
+                pipe.zremrangebyrank(key, 0, -limits.history_max_points - 1)
+                await pipe.execute()
+
+    async def history(self, since_s: float) -> list[history.HistoryPoint]:
+        with _unavailable_on_connection_error(self._url):
+            texts: Any = await self._redis.zrangebyscore(
+                self._key("history"), f"({since_s!r}", "+inf"
+            )
+        return [history.decode_point(t) for t in texts]
 
     async def close(self) -> None:
         await self._redis.aclose()

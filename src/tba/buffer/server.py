@@ -13,11 +13,13 @@ import uvicorn
 
 from tba.buffer.access import NO_TOKEN_WARNING
 from tba.buffer.config import BufferSettings
+from tba.buffer.history import max_points
 from tba.buffer.service import BufferService
 from tba.buffer.store import StoreLimits, open_buffer_store
 from tba.buffer.transport.grpc_server import start_grpc_server
 from tba.buffer.transport.http_guard import deadline_protocol
 from tba.buffer.transport.rest import create_app
+from tba.errors import UnavailableError
 
 log = logging.getLogger(__name__)
 _GRACE_S = 5.0
@@ -30,6 +32,8 @@ def store_limits(settings: BufferSettings) -> StoreLimits:
         dedup=settings.dedup,
         request_id_ttl_s=settings.request_id_ttl_s,
         reward_histogram_edges=tuple(settings.reward_histogram_edges),
+        history_span_s=settings.history_span_s,
+        history_max_points=max_points(settings.history_span_s, settings.history_interval_s),
     )
 
 
@@ -57,6 +61,17 @@ def http_server(service: BufferService) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
+async def record_history(service: BufferService) -> None:
+    """Appends a history point every `history_interval_s` until cancelled; a store that
+    cannot be reached costs that point, not the service."""
+    while True:
+        await asyncio.sleep(service.settings.history_interval_s)
+        try:
+            await service.record_history()
+        except UnavailableError as exc:
+            log.warning("history point skipped: %s", exc)
+
+
 async def serve(
     settings: BufferSettings, on_ready: Callable[[int, int], None] | None = None
 ) -> None:
@@ -70,6 +85,7 @@ async def serve(
     http_port = http_socket.getsockname()[1]
     http = http_server(service)
     http_task = asyncio.create_task(http.serve(sockets=[http_socket]))
+    history_task = asyncio.create_task(record_history(service))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -84,6 +100,7 @@ async def serve(
         )
     finally:
         log.info("buffer service stopping")
+        history_task.cancel()
         http.should_exit = True
         await grpc_server.stop(_GRACE_S)
         await http_task

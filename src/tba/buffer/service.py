@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from tba.buffer import codec, sampling, validation
 from tba.buffer.config import BufferSettings
+from tba.buffer.history import Evaluation, HistoryPoint, buffer_point
 from tba.buffer.store import BufferStore
 from tba.domain import (
     AddResult,
@@ -24,6 +26,7 @@ from tba.domain import (
     PutPromptsResult,
     SampleSource,
     SampleSpec,
+    TrainerReport,
     Trajectory,
     WeightVersion,
 )
@@ -69,6 +72,8 @@ class BufferService:
         self._clock = clock
         self._adds = RateMeter(settings.rate_window_s, clock)
         self._samples = RateMeter(settings.rate_window_s, clock)
+        # The trainer's latest report since the previous history point.
+        self._report: TrainerReport | None = None
 
     async def put_prompts(self, prompts: Sequence[Prompt]) -> PutPromptsResult:
         validation.check_prompts(prompts, self.settings)
@@ -119,6 +124,8 @@ class BufferService:
 
     async def sample(self, spec: SampleSpec) -> Batch:
         validation.check_sample(spec, self.settings)
+        if spec.report is not None:
+            self._note_report(spec.report)
         rng = np.random.default_rng(spec.seed)
         latest = await self.store.latest_weights()
         latest_version = latest.version if latest else 0
@@ -219,6 +226,40 @@ class BufferService:
             samples_per_s=self._samples.per_s(),
             run=await self.store.current_run(),
         )
+
+    def now_s(self) -> float:
+        return self._clock()
+
+    def _note_report(self, report: TrainerReport) -> None:
+        """Keeps the report for the next history point; one with a value JSON cannot carry
+        (a diverged loss) is left out of the history, not held against the Sample call."""
+        values = dataclasses.astuple(report)
+        if all(math.isfinite(v) for v in values):
+            self._report = report
+        else:
+            log.warning("a trainer report with a non-finite value left out: %s", report)
+
+    async def record_history(self) -> HistoryPoint:
+        """Appends the buffer's state now, with the trainer's report since the last point."""
+        now_s = self._clock()
+        state = buffer_point(await self.stats(), now_s=now_s, active_window_s=self.settings.lease_s)
+        point = HistoryPoint(at_s=now_s, buffer=state, trainer=self._report)
+        await self.store.append_history(point)
+        self._report = None
+        return point
+
+    async def record_evaluation(self, evaluation: Evaluation) -> HistoryPoint:
+        """Appends a held-out evaluation of one weight version to the history."""
+        validation.check_evaluation(evaluation)
+        point = HistoryPoint(at_s=self._clock(), evaluation=evaluation)
+        await self.store.append_history(point)
+        return point
+
+    async def history(self, since_s: float) -> list[HistoryPoint]:
+        """The history points after `since_s` (unix seconds), oldest first."""
+        if not math.isfinite(since_s):
+            raise InvalidArgumentError(f"since must be a finite number of seconds, got {since_s}")
+        return await self.store.history(since_s)
 
     async def announce_weights(self, weights: WeightVersion) -> None:
         validation.check_weights(weights)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from tba.buffer.history import HistoryPoint
 from tba.domain import (
     AddResult,
     Lease,
@@ -42,6 +43,10 @@ class StoreLimits:
     dedup: bool
     request_id_ttl_s: float
     reward_histogram_edges: tuple[float, ...]
+    # History points older than the newest point's time minus this are forgotten, and the
+    # oldest beyond the count (`history.max_points`).
+    history_span_s: float = 86_400.0
+    history_max_points: int = 34_560
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +142,15 @@ class BufferStore(Protocol):
         ...
 
     async def current_run(self) -> Run | None: ...
+
+    async def append_history(self, point: HistoryPoint) -> None:
+        """Keeps `point`, then forgets the points older than its `at_s` minus
+        `history_span_s`, and the oldest beyond `history_max_points`."""
+        ...
+
+    async def history(self, since_s: float) -> list[HistoryPoint]:
+        """The kept points with `at_s` after `since_s`, oldest first."""
+        ...
 
     async def close(self) -> None: ...
 

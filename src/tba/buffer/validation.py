@@ -8,6 +8,7 @@ import re
 from collections.abc import Sequence
 
 from tba.buffer.config import BufferSettings
+from tba.buffer.history import Evaluation
 from tba.domain import FinishReason, Prompt, SampleSpec, Trajectory, WeightVersion
 from tba.errors import InvalidArgumentError, ResourceExhaustedError
 from tba.runs import Run, RunIdentity
@@ -19,6 +20,8 @@ MAX_VERSION = 2**53 - 1
 MAX_ABS_VALUE = 1e12
 # Seconds since the epoch, up to the year 5138.
 MAX_TIME_S = 1e11
+# Metrics one evaluation may carry (accuracy, pass@k, ...).
+MAX_EVALUATION_METRICS = 32
 # A model source is a hub name or a directory path.
 MAX_SOURCE_CHARS = 4096
 # A registered run knows all of these; model_revision may be empty (a hub model loaded
@@ -158,6 +161,16 @@ def check_weights(weights: WeightVersion) -> None:
     if not _SHA256.match(weights.sha256):
         raise _fail("weights.sha256 must be 64 lowercase hex digits")
     check_bounded(weights.published_at_s, "weights.published_at_s", 0, MAX_TIME_S)
+
+
+def check_evaluation(evaluation: Evaluation) -> None:
+    check_bounded(evaluation.version, "version", 0, MAX_VERSION)
+    check_bounded(evaluation.step, "step", 0, MAX_VERSION)
+    if not 1 <= len(evaluation.metrics) <= MAX_EVALUATION_METRICS:
+        raise _fail(f"metrics must hold 1 to {MAX_EVALUATION_METRICS} values")
+    for name, value in evaluation.metrics.items():
+        check_id(name, "metric name")
+        check_bounded(value, f"metrics[{name!r}]", -MAX_ABS_VALUE, MAX_ABS_VALUE)
 
 
 def check_identity(identity: RunIdentity) -> None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -55,17 +58,50 @@ class GreedyAccuracy:
         return [group[0].text for group in groups]
 
 
+class EvaluationPoster:
+    """Posts each point to the buffer's history (`POST /v1/evaluations`, with the buffer's
+    token when it has one), so its dashboard draws held-out accuracy next to the run. A
+    buffer that cannot take it costs that point on the dashboard, never the run."""
+
+    def __init__(self, http_url: str, token: str | None, timeout_s: float = 5.0) -> None:
+        self.url = f"{http_url}/v1/evaluations"
+        self.headers = {"content-type": "application/json"}
+        if token is not None:
+            self.headers["authorization"] = f"Bearer {token}"
+        self.timeout_s = timeout_s
+
+    def __call__(self, point: EvalPoint) -> None:
+        metrics = {"accuracy": point.accuracy}
+        body = {"version": point.version, "step": point.step, "metrics": metrics}
+        request = urllib.request.Request(
+            self.url, data=json.dumps(body).encode(), headers=self.headers, method="POST"
+        )
+        try:
+            urllib.request.urlopen(request, timeout=self.timeout_s).close()
+        except (urllib.error.URLError, OSError) as exc:
+            log.warning("version %d's accuracy not posted to the buffer: %s", point.version, exc)
+
+
 class Evaluator:
     def __init__(self, accuracy: GreedyAccuracy, log_path: Path) -> None:
         self.accuracy = accuracy
         self.log_path = log_path
         self.points: list[EvalPoint] = []
+        self._listeners: list[Callable[[EvalPoint], None]] = []
+
+    def follow(self, listener: Callable[[EvalPoint], None]) -> None:
+        """Hands `listener` every point so far, then each new one."""
+        for point in self.points:
+            listener(point)
+        self._listeners.append(listener)
 
     def record(self, model: Any, wall_s: float, version: int, step: int) -> EvalPoint:
         point = EvalPoint(wall_s, version, step, self.accuracy(model))
         self.points.append(point)
         with self.log_path.open("a") as out:
             out.write(json.dumps(asdict(point)) + "\n")
+        for listener in self._listeners:
+            listener(point)
         return point
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tba.local import children
 from tba.local.config import LocalRunSettings
-from tba.local.evaluator import Evaluator, GreedyAccuracy, VersionWatcher
+from tba.local.evaluator import EvaluationPoster, Evaluator, GreedyAccuracy, VersionWatcher
 from tba.local.progress import ProgressView
 from tba.local.report import plot, read_jsonl, summarize
 from tba.local.supervisor import Child, Supervisor
@@ -91,7 +91,11 @@ class LocalRun:
         """Starts the services and follows the run until the trainer finishes; the step count."""
         from tba.objectstore import open_object_store
 
-        address = self._start_buffer(supervisor)
+        address, http_url = self._start_buffer(supervisor)
+        token = self.settings.buffer.auth_token
+        evaluator.follow(
+            EvaluationPoster(http_url, token.get_secret_value() if token is not None else None)
+        )
         trainer = self._start_trainer_and_searchers(supervisor, base, address)
         os.nice(self.settings.local.evaluator_niceness)
         watcher = VersionWatcher(
@@ -123,7 +127,8 @@ class LocalRun:
             print(f"held-out accuracy reached {target}")
         return reached
 
-    def _start_buffer(self, supervisor: Supervisor) -> str:
+    def _start_buffer(self, supervisor: Supervisor) -> tuple[str, str]:
+        """Starts the buffer; its gRPC address and REST root."""
         config = children.buffer_config(self.settings, self.run_dir)
         buffer = supervisor.start(
             "buffer", children.command("buffer", "serve", "--config", str(config))
@@ -131,7 +136,7 @@ class LocalRun:
         ready = self._wait_ready(supervisor, buffer, BUFFER_READY)
         address, http_url = ready.group(1), ready.group(2)
         print(f"dashboard: {http_url}/   stats: {http_url}/v1/stats   logs: {supervisor.log_dir}")
-        return address
+        return address, http_url
 
     def _start_trainer_and_searchers(
         self, supervisor: Supervisor, base: Path, address: str

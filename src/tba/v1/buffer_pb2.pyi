@@ -124,7 +124,7 @@ class AddTrajectoriesResponse(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., replaced_duplicates: _Optional[int] = ..., evicted: _Optional[int] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ("num_prompts", "samples_per_prompt", "recency_probability", "reward_temperature", "max_age_versions", "min_samples_per_prompt", "seed")
+    __slots__ = ("num_prompts", "samples_per_prompt", "recency_probability", "reward_temperature", "max_age_versions", "min_samples_per_prompt", "seed", "trainer_report")
     NUM_PROMPTS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_PROMPT_FIELD_NUMBER: _ClassVar[int]
     RECENCY_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +132,7 @@ class SampleRequest(_message.Message):
     MAX_AGE_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     MIN_SAMPLES_PER_PROMPT_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_REPORT_FIELD_NUMBER: _ClassVar[int]
     num_prompts: int
     samples_per_prompt: int
     recency_probability: float
@@ -139,7 +140,28 @@ class SampleRequest(_message.Message):
     max_age_versions: int
     min_samples_per_prompt: int
     seed: int
-    def __init__(self, num_prompts: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., recency_probability: _Optional[float] = ..., reward_temperature: _Optional[float] = ..., max_age_versions: _Optional[int] = ..., min_samples_per_prompt: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+    trainer_report: TrainerReport
+    def __init__(self, num_prompts: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., recency_probability: _Optional[float] = ..., reward_temperature: _Optional[float] = ..., max_age_versions: _Optional[int] = ..., min_samples_per_prompt: _Optional[int] = ..., seed: _Optional[int] = ..., trainer_report: _Optional[_Union[TrainerReport, _Mapping]] = ...) -> None: ...
+
+class TrainerReport(_message.Message):
+    __slots__ = ("step", "loss", "kl", "log_z", "lr", "grad_norm", "step_time_s", "wait_data_s")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    KL_FIELD_NUMBER: _ClassVar[int]
+    LOG_Z_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    WAIT_DATA_S_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    loss: float
+    kl: float
+    log_z: float
+    lr: float
+    grad_norm: float
+    step_time_s: float
+    wait_data_s: float
+    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., log_z: _Optional[float] = ..., lr: _Optional[float] = ..., grad_norm: _Optional[float] = ..., step_time_s: _Optional[float] = ..., wait_data_s: _Optional[float] = ...) -> None: ...
 
 class PromptGroup(_message.Message):
     __slots__ = ("prompt", "trajectories", "source")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from tba import domain, runs
@@ -70,6 +71,8 @@ def sample_spec_to_pb(spec: domain.SampleSpec) -> pb.SampleRequest:
         msg.max_age_versions = spec.max_age_versions
     if spec.seed is not None:
         msg.seed = spec.seed
+    if spec.report is not None:
+        msg.trainer_report.CopyFrom(pb.TrainerReport(**dataclasses.asdict(spec.report)))
     return msg
 
 
@@ -84,6 +87,22 @@ def sample_spec_from_pb(msg: pb.SampleRequest) -> domain.SampleSpec:
         max_age_versions=msg.max_age_versions if msg.HasField("max_age_versions") else None,
         min_samples_per_prompt=max(1, msg.min_samples_per_prompt),
         seed=msg.seed if msg.HasField("seed") else None,
+        report=trainer_report_from_pb(msg.trainer_report)
+        if msg.HasField("trainer_report")
+        else None,
+    )
+
+
+def trainer_report_from_pb(msg: pb.TrainerReport) -> domain.TrainerReport:
+    return domain.TrainerReport(
+        step=msg.step,
+        loss=msg.loss,
+        kl=msg.kl,
+        log_z=msg.log_z,
+        lr=msg.lr,
+        grad_norm=msg.grad_norm,
+        step_time_s=msg.step_time_s,
+        wait_data_s=msg.wait_data_s,
     )
 
 

@@ -1,8 +1,9 @@
-"""REST API of the buffer service for people (FastAPI): submit prompts, inspect stats and
-weight versions, health, Prometheus metrics, OpenAPI docs at /docs. Handlers translate and
-delegate to BufferService; domain errors become statuses here. With a token set, every write
-needs `Authorization: Bearer TOKEN`; reads stay open. `http_guard` stands in front: it checks
-the token before a body is read and bounds the body's size and time."""
+"""REST API of the buffer service for people (FastAPI): submit prompts, inspect stats, the
+history (`rest_history`) and weight versions, health, Prometheus metrics, OpenAPI docs at
+/docs. Handlers translate and delegate to BufferService; domain errors become statuses here.
+With a token set, every write needs `Authorization: Bearer TOKEN`; reads stay open.
+`http_guard` stands in front: it checks the token before a body is read and bounds the
+body's size and time."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from tba.buffer.access import bearer_authorizes
 from tba.buffer.config import BufferSettings
 from tba.buffer.service import BufferService
 from tba.buffer.transport.http_guard import RequestGuard
+from tba.buffer.transport.rest_history import add_history_routes
 from tba.buffer.validation import MAX_ID_CHARS
 from tba.domain import BufferStats, Prompt
 from tba.runs import Run
@@ -288,16 +290,27 @@ def _add_write_routes(app: FastAPI, service: BufferService) -> None:
     # before the body is read, which a FastAPI dependency cannot do.
     bearer = HTTPBearer(auto_error=False, description="The buffer's auth_token.")
 
+    write_dependencies = [bearer] if guarded else []
+    write_errors = (400, *([401] if guarded else []), 408, 413, 422, 503)
+
     @app.post(
         "/v1/prompts",
         response_model=PutPromptsOut,
-        dependencies=[Depends(bearer)] if guarded else [],
-        responses=_errors(400, *([401] if guarded else []), 408, 413, 422, 503),
+        dependencies=[Depends(d) for d in write_dependencies],
+        responses=_errors(*write_errors),
     )
     async def put_prompts(body: PutPromptsIn) -> PutPromptsOut:
         prompts = [Prompt(id=p.id, text=p.text, answer=p.answer) for p in body.prompts]
         result = await service.put_prompts(prompts)
         return PutPromptsOut(prompt_ids=result.prompt_ids, created=result.created)
+
+    add_history_routes(
+        app,
+        service,
+        write_dependencies=write_dependencies,
+        errors=_errors,
+        write_errors=write_errors,
+    )
 
 
 def _add_read_routes(app: FastAPI, service: BufferService) -> None:
