@@ -116,15 +116,24 @@ def published_tensors(root: Path) -> dict[str, torch.Tensor]:
     return dict(AutoModelForCausalLM.from_pretrained(local).state_dict())
 
 
-def test_trainer_trains_from_the_buffer_publishes_and_resumes(client, buffer_address, tmp_path):
+@pytest.mark.parametrize("background", [False, True], ids=["lockstep", "background"])
+def test_trainer_trains_from_the_buffer_publishes_and_resumes(
+    client, buffer_address, tmp_path, background
+):
     add_searcher_round(client)
-    metrics = run_trainer(buffer_address, tmp_path, steps=4)
+    mode = {"trainer.publish_in_background": str(background).lower()}
+    metrics = run_trainer(buffer_address, tmp_path, steps=4, **mode)
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
-    # initial weights = version 1; a version every 2 steps; data is version 0
-    assert [m["trainer/staleness_mean"] for m in metrics] == [1.0, 1.0, 2.0, 2.0]
+    skipped = int(metrics[-1]["trainer/publish_skipped"])
+    if not background:
+        # initial weights = version 1; a version every 2 steps; data is version 0
+        assert [m["trainer/staleness_mean"] for m in metrics] == [1.0, 1.0, 2.0, 2.0]
+        assert skipped == 0
     assert all(m["trainer/samples"] == 12 and m["trainer/groups"] == 3 for m in metrics)
+    assert all(m["trainer/publish_failed"] == 0 for m in metrics)
     announced = client.latest_weights()
-    assert announced is not None and (announced.version, announced.step) == (3, 4)
+    # A snapshot replaced while the one before was uploading takes no version number.
+    assert announced is not None and (announced.version, announced.step) == (3 - skipped, 4)
     store = FileStore(f"file://{tmp_path / 'store'}")
     assert read_latest(store) == announced
     model = AutoModelForCausalLM.from_pretrained(fetch_weights(store, announced, tmp_path / "v3"))
@@ -134,7 +143,7 @@ def test_trainer_trains_from_the_buffer_publishes_and_resumes(client, buffer_add
     client.announce_weights(
         WeightVersion(7, announced.uri, announced.sha256, 4, announced.published_at_s)
     )
-    metrics = run_trainer(buffer_address, tmp_path, steps=6)
+    metrics = run_trainer(buffer_address, tmp_path, steps=6, **mode)
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6]  # resumed at step 4
     latest = client.latest_weights()
     assert latest is not None and (latest.version, latest.step) == (8, 6)

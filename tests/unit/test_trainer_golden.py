@@ -21,7 +21,6 @@ from tba.domain import (
     SampleSource,
     SampleSpec,
     Trajectory,
-    WeightVersion,
     pack_tokens,
 )
 from tba.models.tiny import build_tiny_model, build_tiny_tokenizer
@@ -29,6 +28,7 @@ from tba.trainer.config import OptimSettings, TrainerSettings
 from tba.trainer.engine import LocalEngine
 from tba.trainer.loop import TrainerLoop
 from tba.trainer.loss import ImportanceClip, Objective, Rloo, TrajectoryBalance
+from tba.trainer.publish import PublishProgress
 from tba.trainer.reference import ReferenceResets
 
 TEMPERATURE = 0.7
@@ -60,8 +60,17 @@ class FixedSource:
 
 
 class NoPublisher:
-    def publish(self, version: int, step: int) -> WeightVersion:
+    def publish(self, step: int, after_version: int) -> None:
         raise AssertionError("the golden steps publish nothing")
+
+    def progress(self) -> PublishProgress:
+        return PublishProgress()
+
+    def drain(self) -> PublishProgress:
+        return PublishProgress()
+
+    def close(self, wait: bool = True) -> None:
+        return None
 
 
 class NoSink:

@@ -40,12 +40,13 @@ def secret_env(settings: LocalRunSettings) -> dict[str, str]:
 
 def apply_mode(settings: LocalRunSettings) -> None:
     """`sync`: the on-policy baseline on the same code. The trainer publishes after every step
-    and trains only on the newest version's completions; each searcher generates one batch per
-    version and waits for the next."""
+    (synchronously, before it draws the next batch) and trains only on the newest version's
+    completions; each searcher generates one batch per version and waits for the next."""
     if settings.local.mode != "sync":
         return
     trainer, searcher = settings.trainer, settings.searcher
     trainer.publish_every_steps = 1
+    trainer.publish_in_background = False  # lockstep: version t+1 holds step t+1's weights
     trainer.recency_probability = 1.0
     trainer.max_age_versions = 0
     trainer.min_batch_prompts = trainer.num_prompts

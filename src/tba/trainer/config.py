@@ -89,6 +89,12 @@ class TrainerSettings(Section):
     publish_initial: bool = Field(
         True, description="Publish the starting weights before the first step of a fresh run."
     )
+    publish_in_background: bool = Field(
+        True,
+        description="The step only copies the weights (CPU, `[model] dtype`); a publisher "
+        "thread writes and announces them while training goes on, the newest copy replacing "
+        "one still waiting. `false`: the step waits for the whole publish (lockstep).",
+    )
     keep_versions: int = Field(
         3, ge=1, le=10_000, description="Weight versions kept in the object store."
     )
@@ -97,7 +103,9 @@ class TrainerSettings(Section):
         ge=0,
         le=1000,
         description="Retries of a weight publish while the object store is unreachable "
-        "(each a warning); then the trainer stops with an error. 10 ride out ~100 s.",
+        "(each a warning); then, publishing in the background, the failure is counted and "
+        "training goes on (the next snapshot is published); publishing synchronously, the "
+        "trainer stops with an error. 10 ride out ~100 s.",
     )
     publish_retry_backoff_s: float = Field(
         1.0,

@@ -6,6 +6,14 @@ Collaborators are injected: a `BatchSource` (the buffer client's `sample`), a
 `Checkpointer`. Every phase is timed (`time/wait_data_s`, `time/compute_s`,
 `time/publish_s`, `time/checkpoint_s`). Under data parallelism every rank runs this loop; rank
 0 draws the batch and the others receive it.
+
+Publishing in the background, the publish phase only takes a snapshot of the weights
+(`time/publish_blocking_s`, which `time/publish_s` then equals); the version is written and
+announced while the next steps run (`time/publish_background_s`, `trainer/publish_skipped`,
+`trainer/publish_failed`). The loop state (so a checkpoint, and `trainer/version`) holds the
+newest version announced when the step ended: one still on its way is not in it, and a
+resumed trainer publishes after the newest version any record knows of
+(`trainer.main.next_base_version`), so a version is never reused.
 """
 
 from __future__ import annotations
@@ -16,13 +24,14 @@ from typing import Protocol
 import numpy as np
 
 from tba.clock import Clock, SystemClock
-from tba.domain import Batch, SampleSpec, WeightVersion
+from tba.domain import Batch, SampleSpec, TrainerReport, WeightVersion
 from tba.trainer.checkpoint import Checkpointer, LoopState
 from tba.trainer.config import TrainerSettings
 from tba.trainer.engine import TrainEngine
 from tba.trainer.loss import Objective, beta_at
 from tba.trainer.metrics import MetricsSink
 from tba.trainer.optim import RewardDecay
+from tba.trainer.publish import PublishFailedError, PublishProgress
 from tba.trainer.reference import ReferenceResets
 from tba.trainer.step import Scoring, step_metrics, train_on_batch
 
@@ -32,9 +41,18 @@ class BatchSource(Protocol):
 
 
 class WeightPublisher(Protocol):
-    def publish(self, version: int, step: int) -> WeightVersion:
-        """Publishes the current weights as `version` and announces them."""
+    def publish(self, step: int, after_version: int) -> None:
+        """Publishes the weights after `step` as a version newer than `after_version` and
+        announces it, at once or in the background."""
         ...
+
+    def progress(self) -> PublishProgress: ...
+
+    def drain(self) -> PublishProgress:
+        """Waits until every publish handed over has ended."""
+        ...
+
+    def close(self, wait: bool = True) -> None: ...
 
 
 class DataTimeoutError(TimeoutError):
@@ -60,17 +78,34 @@ class TrainerLoop:
     state: LoopState = field(default_factory=LoopState)
     # The schedule's progress when it decays by reward (the engine's scheduler reads it).
     reward_decay: RewardDecay | None = None
+    # The latest step's metrics, sent with the next Sample call for the buffer's history.
+    report: TrainerReport | None = None
+    # The step whose weights were last handed to the publisher (None: state.published_step).
+    handed_step: int | None = None
 
     def run(self) -> LoopState:
-        """Trains until `settings.steps`; publishes and checkpoints the final state."""
-        if self.settings.publish_initial and self.state.published_step < 0:
-            self.publish()
-        while self.state.step < self.settings.steps:
-            self.train_step()
-        if self.state.published_step != self.state.step:
-            self.publish()
-        if self.checkpointer is not None:
-            self.checkpointer.save(self.state, self.reference)
+        """Trains until `settings.steps`; publishes and checkpoints the final state. Raises
+        PublishFailedError (after the checkpoint) if the final weights could not be
+        published."""
+        try:
+            if self.settings.publish_initial and self._handed() < 0:
+                self.publish()
+            while self.state.step < self.settings.steps:
+                self.train_step()
+            if self._handed() != self.state.step:
+                self.publish()
+            self._absorb(self.publisher.drain())
+            if self.checkpointer is not None:
+                self.checkpointer.save(self.state, self.reference)
+        except BaseException:
+            self.publisher.close(wait=False)
+            raise
+        self.publisher.close()
+        if self.engine.rank == 0 and self.state.published_step != self.state.step:
+            raise PublishFailedError(
+                f"the weights of the final step {self.state.step} were not published "
+                f"(the newest version announced is {self.state.version})"
+            )
         return self.state
 
     def train_step(self) -> dict[str, float]:
@@ -100,6 +135,8 @@ class TrainerLoop:
         if self.state.step % s.publish_every_steps == 0:
             self.publish()
         published = self.clock.monotonic()
+        progress = self.publisher.progress()
+        self._absorb(progress)
         # Checkpoint every n steps (the final state is saved by `run`).
         if self._checkpoint_due():
             assert self.checkpointer is not None
@@ -107,15 +144,28 @@ class TrainerLoop:
         done = self.clock.monotonic()
         times = (waited - started, computed - waited, published - computed, done - published)
         values = step_metrics(result, beta=beta, version=self.state.version, times=times)
+        values.update(publish_metrics(progress, blocking_s=published - computed))
+        self.report = trainer_report(self.state.step, values)
         if self.state.step % self.log_every_steps == 0:
             self.metrics.write(self.state.step, values)
         return values
 
-    def publish(self) -> WeightVersion:
-        weights = self.publisher.publish(self.state.version + 1, self.state.step)
-        self.state.version = weights.version
-        self.state.published_step = self.state.step
-        return weights
+    def publish(self) -> WeightVersion | None:
+        """Hands the current weights to the publisher; the newest version announced (the
+        one just published, unless it goes out in the background)."""
+        self.publisher.publish(self.state.step, after_version=self.state.version)
+        self.handed_step = self.state.step
+        return self._absorb(self.publisher.progress())
+
+    def _handed(self) -> int:
+        return self.state.published_step if self.handed_step is None else self.handed_step
+
+    def _absorb(self, progress: PublishProgress) -> WeightVersion | None:
+        announced = progress.announced
+        if announced is not None and announced.version > self.state.version:
+            self.state.version = announced.version
+            self.state.published_step = announced.step
+        return announced
 
     def next_batch(self) -> Batch:
         """Rank 0 draws until the batch has `min_batch_prompts` groups; all ranks get it."""
@@ -152,6 +202,7 @@ class TrainerLoop:
             max_age_versions=s.max_age_versions,
             min_samples_per_prompt=s.min_samples_per_prompt,
             seed=int(seed.generate_state(1)[0]),
+            report=self.report,
         )
 
     def _advance(self, beta: float) -> None:
@@ -169,3 +220,29 @@ class TrainerLoop:
             and self.state.step % every == 0
             and not last
         )
+
+
+def publish_metrics(progress: PublishProgress, *, blocking_s: float) -> dict[str, float]:
+    return {
+        "time/publish_blocking_s": blocking_s,
+        "time/publish_background_s": progress.background_s,
+        "trainer/publish_skipped": float(progress.skipped),
+        "trainer/publish_failed": float(progress.failed),
+    }
+
+
+def trainer_report(step: int, values: dict[str, float]) -> TrainerReport:
+    """What of a step's metrics (`step_metrics`) the buffer's history keeps."""
+    return TrainerReport(
+        step=step,
+        loss=values["trainer/loss"],
+        kl=values["trainer/kl"],
+        log_z=values["trainer/log_z"],
+        lr=values["trainer/lr"],
+        grad_norm=values["trainer/grad_norm"],
+        step_time_s=sum(values[f"time/{phase}_s"] for phase in _PHASES),
+        wait_data_s=values["time/wait_data_s"],
+    )
+
+
+_PHASES = ("wait_data", "compute", "publish", "checkpoint")

@@ -86,6 +86,7 @@ def run(settings: CommandSettings) -> None:
 def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
     """Wires the real collaborators: buffer client, object store, engine, checkpoints."""
     from tba.buffer.transport.grpc_client import BufferClient
+    from tba.models.device import DTYPES
     from tba.objectstore import open_object_store
     from tba.objectstore.weights import read_latest
     from tba.trainer.checkpoint import Checkpointer, LoopState
@@ -139,6 +140,8 @@ def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
             t.keep_versions,
             retries=t.publish_retries,
             retry_backoff_s=t.publish_retry_backoff_s,
+            export_dtype=DTYPES[settings.model.dtype],
+            background=t.publish_in_background,
         ),
         metrics=build_metrics(settings, engine.rank, run_id),
         objective=build_objective(t),

@@ -1,10 +1,21 @@
 """Publishing the engine's weights to an object store and announcing them to the buffer.
 
+Each publish starts with a snapshot (`take_snapshot`): a copy of the weights on the CPU in the
+export dtype (`[model] dtype`: bf16 halves the bytes), taken between optimizer steps so it is
+one consistent set of weights. Then the snapshot is written (save_pretrained, sha256 manifest,
+`LATEST`, retention) and announced, either at once (`background=False`: the step waits, a
+publish that fails after its retries stops the trainer) or on a publisher thread while
+training goes on (at most one publish in flight; a newer snapshot replaces one still waiting,
+counted as skipped; a publish that fails after its retries is counted and logged, and the next
+snapshot is published). The version number is taken when a snapshot is written, so versions
+stay dense and increasing whatever is skipped.
+
 An unreachable store (`UnavailableError`: the store or the network to it down) does not end
 the run: the publish is retried with backoff, and the version is announced only once it is
 whole. Each attempt first drops the manifest of an unfinished earlier attempt at the same
 version (one that stopped before `LATEST` named it, so never announced), so the version is
 written again whole; an attempt that stopped after writing `LATEST` only finishes retention.
+A version that failed is written again by the next snapshot, under the same number.
 """
 
 from __future__ import annotations
@@ -12,11 +23,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
+
 from tba.domain import WeightVersion
-from tba.errors import UnavailableError
+from tba.errors import TbaError, UnavailableError
 from tba.objectstore import ObjectStore
 from tba.objectstore.weights import (
     MANIFEST,
@@ -27,6 +40,7 @@ from tba.objectstore.weights import (
 )
 from tba.retry import Backoff, retry
 from tba.trainer.engine import TrainEngine
+from tba.trainer.publish_worker import NewestOnlyWorker
 
 log = logging.getLogger(__name__)
 MAX_RETRY_BACKOFF_S = 15.0
@@ -48,10 +62,42 @@ class _Attempts:
     latest_at_start: int | None = None
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """The weights after optimizer step `step`: CPU tensors in the export dtype."""
+
+    step: int
+    state_dict: dict[str, torch.Tensor]
+
+
+def take_snapshot(weights: Mapping[str, torch.Tensor], step: int, dtype: torch.dtype) -> Snapshot:
+    """Copies `weights` to the CPU, floating tensors cast to `dtype`; tensors that share
+    storage (tied embeddings) share one copy, as they did."""
+    copies: dict[tuple[int, torch.dtype, tuple[int, ...]], torch.Tensor] = {}
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape))
+        if key not in copies:
+            target = dtype if tensor.is_floating_point() else tensor.dtype
+            copies[key] = tensor.detach().to(device="cpu", dtype=target, copy=True)
+        state[name] = copies[key]
+    return Snapshot(step, state)
+
+
+@dataclass(frozen=True)
+class PublishProgress:
+    """What the publisher has done so far (on rank 0; other ranks know only what a
+    synchronous publish broadcast)."""
+
+    announced: WeightVersion | None = None  # the newest version announced
+    skipped: int = 0  # snapshots replaced before they were written
+    failed: int = 0  # publishes that failed after their retries (background only)
+    background_s: float = 0.0  # seconds the latest finished background publish took
+
+
 class StorePublisher:
     """Every rank calls `publish` (ZeRO-3 gathers weights collectively); rank 0 writes the
-    version (retrying while the store is unreachable) and announces it, and every rank gets
-    the announced `WeightVersion`."""
+    version (retrying while the store is unreachable) and announces it."""
 
     def __init__(
         self,
@@ -63,6 +109,9 @@ class StorePublisher:
         retries: int = 0,
         retry_backoff_s: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
+        *,
+        export_dtype: torch.dtype = torch.float32,
+        background: bool = False,
     ) -> None:
         self.store = store
         self.engine = engine
@@ -72,16 +121,89 @@ class StorePublisher:
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
         self.sleep = sleep
+        self.export_dtype = export_dtype
+        self.background = background
+        self._next_version = 1
+        # A version whose write failed: the next snapshot is written under its number.
+        self._unfinished: _Attempts | None = None
+        self._progress = PublishProgress()
+        self._worker: NewestOnlyWorker[tuple[Snapshot, int]] | None = None
+        if background and engine.rank == 0:
+            self._worker = NewestOnlyWorker(self._publish_in_background, "tba-publisher")
 
-    def publish(self, version: int, step: int) -> WeightVersion:
-        state_dict = self.engine.publish_state_dict()
-        weights = None
+    def publish(self, step: int, after_version: int) -> None:
+        """Publishes the current weights (those after `step`) as a version newer than
+        `after_version` and announces them: at once, or handed to the publisher thread."""
+        weights = self.engine.publish_state_dict()
+        if weights is None:
+            weights = self.engine.model.state_dict()
+        snapshot = None
         if self.engine.rank == 0:
-            weights = self._write(_Attempts(version, step, state_dict))
-            self.announce(weights)
-        announced = self.engine.broadcast(weights)
+            snapshot = take_snapshot(weights, step, self.export_dtype)
+        if self.background:
+            # Only rank 0 has a publisher thread; the others' part was the gather.
+            if self._worker is not None and snapshot is not None:
+                self._worker.submit((snapshot, after_version))
+            return
+        announced = None
+        if snapshot is not None:
+            announced = self._write_and_announce(snapshot, after_version)
+        announced = self.engine.broadcast(announced)
         assert announced is not None
-        return announced
+        self._progress = replace(self._progress, announced=announced)
+
+    def progress(self) -> PublishProgress:
+        skipped = self._worker.skipped if self._worker is not None else 0
+        return replace(self._progress, skipped=skipped)
+
+    def drain(self) -> PublishProgress:
+        """Waits until every snapshot handed over is announced, skipped or failed."""
+        if self._worker is not None:
+            self._worker.drain()
+        return self.progress()
+
+    def close(self, wait: bool = True) -> None:
+        if self._worker is not None:
+            self._worker.close(wait)
+
+    def _publish_in_background(self, handed: tuple[Snapshot, int]) -> None:
+        snapshot, after_version = handed
+        started_s = time.monotonic()
+        try:
+            announced = self._write_and_announce(snapshot, after_version)
+        except (TbaError, OSError) as exc:
+            failed = self._progress.failed + 1
+            self._progress = replace(self._progress, failed=failed)
+            log.error(
+                "publishing the weights of step %d failed (%s); training goes on, the next "
+                "snapshot is published (%d failed so far)",
+                snapshot.step,
+                exc,
+                failed,
+            )
+        else:
+            self._progress = replace(self._progress, announced=announced)
+        finally:
+            elapsed_s = time.monotonic() - started_s
+            self._progress = replace(self._progress, background_s=elapsed_s)
+
+    def _write_and_announce(self, snapshot: Snapshot, after_version: int) -> WeightVersion:
+        """Writes `snapshot` as the next version after `after_version` and any this publisher
+        wrote (or as the version whose write failed last time) and announces it. Raises
+        PublishFailedError, keeping that version's number for the next snapshot."""
+        self._next_version = max(self._next_version, after_version + 1)
+        attempts = self._unfinished or _Attempts(self._next_version, snapshot.step, None)
+        attempts.step, attempts.state_dict = snapshot.step, snapshot.state_dict
+        self._unfinished = attempts
+        weights = self._write(attempts)
+        self._unfinished = None
+        self._next_version = weights.version + 1
+        self.announce(weights)
+        if weights.step != snapshot.step:
+            # The failed write had landed whole after all (LATEST named it, the reply was
+            # lost): that version is announced, and this snapshot becomes the next.
+            return self._write_and_announce(snapshot, after_version)
+        return weights
 
     def _write(self, attempts: _Attempts) -> WeightVersion:
         """Writes the version, retrying `UnavailableError` with backoff (doubling up to
