@@ -12,7 +12,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tba.domain import Batch, Prompt, PromptGroup, SampleSource, SampleSpec, Trajectory, pack_tokens
+from tba.domain import (
+    Batch,
+    Prompt,
+    PromptGroup,
+    SampleSource,
+    SampleSpec,
+    TrainerReport,
+    Trajectory,
+    pack_tokens,
+)
 from tba.models.config import ModelSettings
 from tba.models.logprobs import sequence_logprobs
 from tba.objectstore.local import FileStore
@@ -101,9 +110,11 @@ class SelfSampledSource:
         self.pool = pool
         self.empty_draws = empty_draws
         self.draws = 0
+        self.reports: list[TrainerReport | None] = []
 
     def sample(self, spec: SampleSpec) -> Batch:
         self.draws += 1
+        self.reports.append(spec.report)
         if self.draws <= self.empty_draws:
             return Batch([], latest_version=0)
         rng = np.random.default_rng(spec.seed)
@@ -181,7 +192,8 @@ def params(loop: TrainerLoop) -> list[torch.Tensor]:
 
 def test_loop_trains_publishes_every_k_steps_and_logs_metrics(tmp_path, pool):
     announced: list = []
-    loop = make_loop(tmp_path, SelfSampledSource(pool), announced)
+    source = SelfSampledSource(pool)
+    loop = make_loop(tmp_path, source, announced)
     before = params(loop)
     state = loop.run()
     assert state.step == 5
@@ -202,6 +214,12 @@ def test_loop_trains_publishes_every_k_steps_and_logs_metrics(tmp_path, pool):
     assert [line["trainer/beta"] for line in lines] == pytest.approx([0.5, 0.4, 0.3, 0.2, 0.1])
     assert lines[-1]["trainer/version"] == 3.0  # step 5 logs before the final publish
     assert all(line["trainer/staleness_mean"] == 0.0 for line in lines)
+    # Each Sample call after the first carries the previous step's metrics to the buffer.
+    reports = source.reports
+    assert reports[0] is None and all(r is not None for r in reports[1:])
+    assert [(r.step, r.loss, r.kl, r.lr) for r in reports[1:] if r is not None] == [
+        (n["step"], n["trainer/loss"], n["trainer/kl"], n["trainer/lr"]) for n in lines[:4]
+    ]
 
 
 def test_a_resumed_run_continues_exactly_and_never_reuses_a_version(tmp_path, pool):
