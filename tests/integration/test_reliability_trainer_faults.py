@@ -1,10 +1,13 @@
 """Trainer and object-store faults on real processes: `tba trainer run` killed -9 between
 publishes resumes from its checkpoint without reusing a version while a `tba searcher run`
-keeps generating; a SeaweedFS outage while the trainer publishes is ridden out by its retries
-while the searcher keeps its weights; a truncated weight file is refused."""
+keeps generating; killed -9 in the middle of a background publish, it leaves only complete
+versions, and the restart writes the unfinished one again whole; a SeaweedFS outage while the
+trainer publishes is ridden out by its retries while the searcher keeps its weights; a
+truncated weight file is refused."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -26,8 +29,10 @@ from tba.domain import WeightVersion
 from tba.models.config import ModelSettings
 from tba.models.loading import load_model
 from tba.objectstore import ObjectStore, open_object_store
+from tba.objectstore.base import join_uri
 from tba.objectstore.local import FileStore
 from tba.objectstore.weights import (
+    MANIFEST,
     fetch_weights,
     list_versions,
     publish_weights,
@@ -42,6 +47,8 @@ from tests.fixtures.buffer_service import BufferProcess, start_buffer
 from tests.fixtures.seaweedfs import SeaweedServer, store_settings
 
 MODEL = ModelSettings(tiny_layers=1, tiny_width=32, tiny_heads=2, tiny_positions=64)
+# The step waits for each publish, so the version a step logs is the one it published.
+LOCKSTEP = {"trainer.publish_in_background": "false"}
 WAIT_S = 120.0  # only a guard against a hang; the tests wait on events
 T = TypeVar("T")
 
@@ -208,7 +215,7 @@ def test_trainer_killed_9_resumes_its_checkpoint_and_never_reuses_a_version(
 ):
     service, client = buffer
     store_uri = f"file://{tmp_path / 'store'}"
-    first = trainer(tmp_path, "trainer-1", service.address, store_uri, steps=10_000)
+    first = trainer(tmp_path, "trainer-1", service.address, store_uri, steps=10_000, **LOCKSTEP)
     gen = searcher(tmp_path, service.address, store_uri)
     processes += [first, gen]
     first.start()
@@ -226,7 +233,9 @@ def test_trainer_killed_9_resumes_its_checkpoint_and_never_reuses_a_version(
 
     wait_for("the searcher adding on its own", lambda: added(client) > added_at_kill + 16, gen)
     added_while_down = added(client) - added_at_kill
-    second = trainer(tmp_path, "trainer-2", service.address, store_uri, steps=resumed_step + 4)
+    second = trainer(
+        tmp_path, "trainer-2", service.address, store_uri, steps=resumed_step + 4, **LOCKSTEP
+    )
     processes.append(second)
     second.start()
     assert second.wait_exit() == 0, second.log()[-4000:]
@@ -246,6 +255,93 @@ def test_trainer_killed_9_resumes_its_checkpoint_and_never_reuses_a_version(
     print(
         f"\nkill -9 trainer: versions {sorted(before)} before (checkpoint step {resumed_step}), "
         f"{after} after the restart; {added_while_down} trajectories added while it was down"
+    )
+
+
+def unfinished_versions(root: Path) -> list[int]:
+    """Version folders of a file:// store holding files but no manifest: uploads under way."""
+    folders = root / "versions"
+    found = folders.iterdir() if folders.is_dir() else iter(())
+    return sorted(
+        int(f.name[1:]) for f in found if any(f.iterdir()) and not (f / MANIFEST).exists()
+    )
+
+
+def stop_mid_publish(proc: TbaProcess, root: Path) -> int:
+    """Freezes the trainer (SIGSTOP) while a version is on its way to the store; that
+    version. Polls every millisecond: a tiny model's upload takes a few."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        assert proc.alive(), proc.log()[-4000:]
+        if unfinished_versions(root):
+            proc.signal(signal.SIGSTOP)
+            caught = unfinished_versions(root)
+            if caught:
+                return caught[-1]
+            proc.signal(signal.SIGCONT)
+        time.sleep(0.001)
+    raise AssertionError("no publish caught under way")
+
+
+def assert_only_complete_versions(store: ObjectStore, root: Path) -> WeightVersion:
+    """LATEST names a version that verifies, and so does every version with a manifest;
+    returns LATEST's."""
+    latest = read_latest(store)
+    assert latest is not None
+    fetch_weights(store, latest, root / "fetched-latest")
+    for version in list_versions(store):
+        raw = store.get_bytes(f"{version_key(version)}/{MANIFEST}")
+        manifest = json.loads(raw)
+        weights = WeightVersion(
+            version,
+            join_uri(store.uri, version_key(version)),
+            hashlib.sha256(raw).hexdigest(),
+            manifest["step"],
+            manifest["published_at_s"],
+        )
+        fetch_weights(store, weights, root / f"fetched-{version}")
+    return latest
+
+
+def test_trainer_killed_9_mid_background_publish_leaves_only_complete_versions(
+    buffer, processes, tmp_path
+):
+    service, client = buffer
+    root = tmp_path / "store"
+    store_uri, store = f"file://{root}", FileStore(f"file://{root}")
+    every_step = {"trainer.publish_every_steps": 1}
+    first = trainer(tmp_path, "trainer-1", service.address, store_uri, steps=10_000, **every_step)
+    gen = searcher(tmp_path, service.address, store_uri)
+    processes += [first, gen]
+    first.start()
+    gen.start()
+    wait_for("version 3 announced", lambda: announced_version(client) >= 3, first, gen)
+    caught = stop_mid_publish(first, root)
+    first.kill()  # kill -9 with the version's files partly in the store
+
+    latest = assert_only_complete_versions(store, tmp_path)
+    assert caught not in list_versions(store) and caught > latest.version
+    assert announced_version(client) == latest.version < caught  # never announced
+    checkpoint = (tmp_path / "ckpt" / "LATEST").read_text().strip()
+    saved = json.loads((tmp_path / "ckpt" / checkpoint / "state.json").read_text())
+    assert saved["version"] <= latest.version  # a checkpoint names only announced versions
+
+    resumed_step = int(checkpoint.removeprefix("step-"))
+    second = trainer(
+        tmp_path, "trainer-2", service.address, store_uri, steps=resumed_step + 3, **every_step
+    )
+    processes.append(second)
+    second.start()
+    assert second.wait_exit() == 0, second.log()[-4000:]
+    final = assert_only_complete_versions(store, tmp_path / "after")
+    assert final == client.latest_weights() and final.step == resumed_step + 3
+    # The unfinished version's number went to the restart's first publish, written whole.
+    assert caught == latest.version + 1 and caught in range(final.version - 2, final.version + 1)
+    assert unfinished_versions(root) == []
+    stop_searcher(gen)
+    print(
+        f"\nkill -9 mid-publish: version {caught} half-written, LATEST at {latest.version}; "
+        f"the restart published up to {final.version}, every version in the store whole"
     )
 
 
