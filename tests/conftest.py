@@ -8,4 +8,5 @@ pytest_plugins = [
     "tests.fixtures.seaweedfs",
     "tests.fixtures.buffer_service",
     "tests.fixtures.local_run",
+    "tests.fixtures.tba_processes",
 ]

@@ -10,23 +10,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from tba.buffer.config import BufferClientSettings
 from tba.buffer.transport.grpc_client import BufferClient
 from tba.domain import WeightVersion
-from tba.models.config import ModelSettings
 from tba.models.loading import load_model
 from tba.objectstore import ObjectStore, open_object_store
 from tba.objectstore.base import join_uri
@@ -45,111 +40,10 @@ from tba.searcher.hf_engine import TransformersEngine
 from tba.searcher.weights import WeightSync
 from tests.fixtures.buffer_service import BufferProcess, start_buffer
 from tests.fixtures.seaweedfs import SeaweedServer, store_settings
+from tests.fixtures.tba_processes import MODEL, WAIT_S, TbaProcess, searcher, trainer, wait_for
 
-MODEL = ModelSettings(tiny_layers=1, tiny_width=32, tiny_heads=2, tiny_positions=64)
 # The step waits for each publish, so the version a step logs is the one it published.
 LOCKSTEP = {"trainer.publish_in_background": "false"}
-WAIT_S = 120.0  # only a guard against a hang; the tests wait on events
-T = TypeVar("T")
-
-
-@dataclass
-class TbaProcess:
-    """A `tba` command in a subprocess, its output in a log file; signalled by its pid."""
-
-    name: str
-    args: list[str]
-    log_path: Path
-    env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", **self.env}
-        with self.log_path.open("ab") as log:
-            command = [sys.executable, "-m", "tba", *self.args]
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, sig)
-
-    def kill(self) -> None:
-        if self.alive():
-            self.signal(signal.SIGKILL)
-        if self.proc is not None:
-            self.proc.wait()
-
-    def wait_exit(self) -> int:
-        assert self.proc is not None
-        return self.proc.wait(timeout=WAIT_S)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
-def wait_for(what: str, condition: Callable[[], T], *watched: TbaProcess) -> T:
-    """Polls `condition` until it is truthy; fails at once if a watched process exits."""
-    deadline = time.monotonic() + WAIT_S
-    while not (value := condition()):
-        for proc in watched:
-            assert proc.alive(), f"{proc.name} exited waiting for {what}:\n{proc.log()[-4000:]}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
-
-
-def settings_args(values: dict[str, Any]) -> list[str]:
-    return [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
-
-
-def model_args() -> dict[str, Any]:
-    return {
-        f"model.tiny_{k}": getattr(MODEL, f"tiny_{k}")
-        for k in ("layers", "width", "heads", "positions")
-    }
-
-
-def trainer(
-    root: Path, name: str, address: str, store_uri: str, steps: int, **extra: Any
-) -> TbaProcess:
-    args = ["trainer", "run", "--buffer", address, "--store", store_uri, "--steps", str(steps)]
-    args += ["--checkpoint-dir", str(root / "ckpt"), "--metrics-jsonl", str(root / f"{name}.jsonl")]
-    values = {
-        **model_args(),
-        "trainer.num_prompts": 3,
-        "trainer.samples_per_prompt": 4,
-        "trainer.micro_batch_size": 12,
-        "trainer.publish_every_steps": 2,
-        "trainer.data_poll_s": 0.1,
-        "trainer.device": "cpu",
-        "searcher.max_new_tokens": 4,  # the run's, which the searcher sets as well
-        "optim.lr": 1e-3,
-        "checkpoint.every_steps": 2,
-        "metrics.stdout": "false",
-        **extra,
-    }
-    return TbaProcess(name, args + settings_args(values), root / f"{name}.log")
-
-
-def searcher(root: Path, address: str, store_uri: str, **extra: Any) -> TbaProcess:
-    args = ["searcher", "run", "--buffer", address, "--store", store_uri, "--rounds", "0"]
-    values = {
-        **model_args(),
-        "searcher.id": "searcher-1",
-        "searcher.prompts_per_round": 4,
-        "searcher.samples_per_prompt": 4,
-        "searcher.max_new_tokens": 4,
-        "searcher.idle_poll_s": 0.1,
-        "searcher.weights_dir": root / "searcher-weights",
-        "task.arithmetic.max_operand": 20,
-        "task.arithmetic.test_size": 10,
-        "engine.device": "cpu",
-        **extra,
-    }
-    return TbaProcess("searcher", args + settings_args(values), root / "searcher.log")
 
 
 def metric_lines(path: Path) -> list[dict[str, float]]:
@@ -163,15 +57,6 @@ def buffer(tmp_path: Path) -> Iterator[tuple[BufferProcess, BufferClient]]:
     yield service, client
     client.close()
     service.stop()
-
-
-@pytest.fixture
-def processes() -> Iterator[list[TbaProcess]]:
-    """Every process a test starts; whatever is left is killed by pid."""
-    started: list[TbaProcess] = []
-    yield started
-    for proc in started:
-        proc.kill()
 
 
 def added(client: BufferClient) -> int:
