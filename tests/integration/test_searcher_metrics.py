@@ -17,6 +17,8 @@ def test_round_values_are_logged_and_served_to_prometheus(caplog):
                     "searcher/tokens_per_s": 30.0,
                     "searcher/reloads": 1.0,
                     "searcher/reload_s": 0.25,
+                    "searcher/swap_s": 0.0625,
+                    "searcher/fetch_s": 0.125,
                     "searcher/version": 3.0,
                 },
             )
@@ -33,3 +35,6 @@ def test_round_values_are_logged_and_served_to_prometheus(caplog):
     assert "tba_searcher_completion_tokens_total 100.0" in lines
     assert "tba_searcher_reload_seconds_count 1.0" in lines
     assert "tba_searcher_reload_seconds_sum 0.25" in lines
+    assert "tba_searcher_swap_seconds_sum 0.0625" in lines
+    assert "tba_searcher_fetch_seconds_sum 0.125" in lines
+    assert "tba_searcher_swap_s 0.0625" in lines

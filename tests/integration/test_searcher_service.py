@@ -137,13 +137,21 @@ def test_a_published_version_is_loaded_and_carried_by_later_trajectories(
     first = searcher.loop.round()
     assert first is not None and first["searcher/version"] == 0
     client.announce_weights(publish(tmp_path, 1, seed=1))
+    # The round that sees the announcement generates on with version 0 while version 1
+    # downloads; the next one swaps it in.
     second = searcher.loop.round()
     assert second is not None
-    assert (second["searcher/version"], second["searcher/reloads"]) == (1, 1)
+    assert (second["searcher/version"], second["searcher/reloads"]) == (0, 0)
+    assert second["searcher/latest_version"] == 1
+    assert searcher.weights.wait_fetch(60.0)
+    third = searcher.loop.round()
+    assert third is not None
+    assert (third["searcher/version"], third["searcher/reloads"]) == (1, 1)
+    assert third["searcher/fetch_s"] > 0 and 0 <= third["searcher/swap_s"] < 1.0
     assert searcher.engine.version == 1
     assert set(client.stats().per_version) == {0, 1}
     newer = [t for t in stored(client) if t.policy_version == 1]
-    assert len(newer) == second["searcher/trajectories"]
+    assert len(newer) == third["searcher/trajectories"]
     behaviour = torch.tensor([t.behavior_logprob for t in newer])
     torch.testing.assert_close(behaviour, logprobs_under(1, newer), atol=1e-4, rtol=0)
     # The reference stays the base model, whatever the policy loaded.
@@ -162,13 +170,17 @@ def test_a_corrupt_published_version_is_refused_and_the_old_weights_kept(
     os.replace(staging, weights_file)
     client.announce_weights(announced)
 
-    values = searcher.loop.round()
-    assert values is not None and values["searcher/version"] == 0
-    assert values["searcher/version_lag"] == 1
+    for _ in range(2):  # the first round starts the download, the second sees it refused
+        values = searcher.loop.round()
+        assert values is not None and values["searcher/version"] == 0
+        assert values["searcher/version_lag"] == 1
+        assert searcher.weights.wait_fetch(60.0)
     assert "does not match its sha256" in caplog.text
     assert {t.policy_version for t in stored(client)} == {0}
 
     client.announce_weights(publish(tmp_path, 2, seed=2))
+    searcher.loop.round()  # collects the retry of version 1 (refused), fetches version 2
+    assert searcher.weights.wait_fetch(60.0)
     values = searcher.loop.round()
     assert values is not None and values["searcher/version"] == 2
 

@@ -1,9 +1,14 @@
-"""WeightSync over a real file:// store and a tiny transformers engine: newer versions load,
-corrupt or deleted ones keep the old weights, and only the newest local folders stay."""
+"""WeightSync over a real file:// store and a tiny transformers engine: a newer version is
+downloaded and prepared in the background while the engine generates with the old weights,
+and swapped in only by a later check; the newest announced version wins; corrupt, deleted or
+unfitting versions keep the old weights; only the newest local folders stay; closing waits
+for the download in flight."""
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +26,7 @@ from tba.searcher.hf_engine import TransformersEngine
 from tba.searcher.weights import WeightSync
 
 MODEL = ModelSettings(tiny_layers=1, tiny_width=32, tiny_heads=2, tiny_positions=64)
+WAIT_S = 60.0
 
 
 class Announcements:
@@ -35,9 +41,31 @@ class Announcements:
         return self.versions.pop(0) if len(self.versions) > 1 else self.versions[0]
 
 
+class HeldStore(FileStore):
+    """A file:// store whose downloads of weights files wait until `released` is set, and
+    which records the versions downloaded."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(uri)
+        self.released = threading.Event()
+        self.downloading = threading.Event()
+        self.downloads: set[int] = set()
+
+    def get_file(self, key: str, path: Path) -> None:
+        self.downloads.add(int(key.split("/")[1].removeprefix("v")))
+        self.downloading.set()
+        assert self.released.wait(WAIT_S)
+        super().get_file(key, path)
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> FileStore:
     return FileStore(f"file://{tmp_path / 'store'}")
+
+
+@pytest.fixture
+def held(tmp_path: Path) -> HeldStore:
+    return HeldStore(f"file://{tmp_path / 'store'}")
 
 
 @pytest.fixture
@@ -48,9 +76,11 @@ def engine() -> Iterator[TransformersEngine]:
     engine.close()
 
 
-def publish(store: FileStore, version: int, seed: int, keep_last: int = 5) -> WeightVersion:
-    tokenizer, model = load_model(MODEL, seed)
-    return publish_weights(store, version, 10 * version, model, tokenizer, keep_last=keep_last)
+def publish(
+    store: FileStore, version: int, seed: int, keep_last: int = 5, model: ModelSettings = MODEL
+) -> WeightVersion:
+    tokenizer, weights = load_model(model, seed)
+    return publish_weights(store, version, 10 * version, weights, tokenizer, keep_last=keep_last)
 
 
 def sample(engine: TransformersEngine) -> list[Any]:
@@ -58,26 +88,73 @@ def sample(engine: TransformersEngine) -> list[Any]:
     return engine.generate(prompts, SamplingParams(n=4, max_new_tokens=6, temperature=0.7, seed=1))
 
 
-def sync_for(
-    store: FileStore, engine: TransformersEngine, tmp_path: Path, latest: Any
-) -> WeightSync:
-    return WeightSync(latest, store, engine, tmp_path / "weights", keep_versions=2)
+@pytest.fixture
+def sync_for(engine: TransformersEngine, tmp_path: Path) -> Iterator[Any]:
+    made: list[WeightSync] = []
+
+    def make(store: FileStore, latest: Any, keep_versions: int = 2) -> WeightSync:
+        made.append(WeightSync(latest, store, engine, tmp_path / "weights", keep_versions))
+        return made[-1]
+
+    yield make
+    for sync in made:
+        sync.close()
 
 
-def test_nothing_announced_or_nothing_newer_loads_nothing(store, engine, tmp_path):
-    assert sync_for(store, engine, tmp_path, Announcements(None)).check() is None
+def settled(sync: WeightSync) -> Any:
+    """The next check once the fetch in flight is done."""
+    assert sync.wait_fetch(WAIT_S)
+    return sync.check()
+
+
+def test_nothing_announced_or_nothing_newer_fetches_nothing(store, engine, sync_for):
+    sync = sync_for(store, Announcements(None))
+    assert sync.check() is None and not sync.wait_fetch(0)
     assert engine.version == 0
 
 
-def test_a_newer_announced_version_is_fetched_and_loaded(store, engine, tmp_path):
+def test_a_newer_version_is_fetched_in_the_background_and_swapped_in_by_a_check(
+    store, engine, sync_for, tmp_path
+):
     before = sample(engine)
-    sync = sync_for(store, engine, tmp_path, Announcements(publish(store, 1, seed=1)))
-    reload_s = sync.check()
-    assert reload_s is not None and reload_s >= 0 and sync.last_reload_s == reload_s
+    sync = sync_for(store, Announcements(publish(store, 1, seed=1)))
+    assert sync.check() is None  # the fetch has started, nothing is swapped yet
+    assert sync.wait_fetch(WAIT_S)
+    # Ready, but the weights in use change only at a check, between rounds.
+    assert engine.version == 0 and sample(engine) == before
+    swap = sync.check()
+    assert swap is not None and (swap.version, swap.step) == (1, 10)
+    assert 0 <= swap.swap_s <= swap.reload_s and 0 < swap.fetch_s <= swap.reload_s
     assert engine.version == 1 and sync.latest_version == 1
     assert (tmp_path / "weights" / "v1" / "model.safetensors").is_file()
     assert sample(engine) != before
-    assert sync.check() is None  # already loaded
+    assert sync.check() is None and not sync.wait_fetch(0)  # already loaded
+
+
+def test_the_engine_generates_while_a_download_is_held(held, engine, sync_for):
+    before = sample(engine)
+    sync = sync_for(held, Announcements(publish(held, 1, seed=1)))
+    assert sync.check() is None
+    assert held.downloading.wait(WAIT_S)
+    # The download is stuck; generation and checks go on with the old weights.
+    assert sample(engine) == before
+    assert sync.check() is None and engine.version == 0
+    held.released.set()
+    assert settled(sync) is not None and engine.version == 1
+
+
+def test_the_newest_version_announced_during_a_download_is_fetched_next(held, engine, sync_for):
+    versions = [publish(held, v, seed=v) for v in (1, 2, 3)]
+    announced = [versions[0]]
+    sync = sync_for(held, lambda: announced[-1])
+    assert sync.check() is None and held.downloading.wait(WAIT_S)
+    announced += versions[1:]  # 2, then 3, while version 1 downloads
+    assert sync.check() is None and sync.latest_version == 3
+    held.released.set()
+    first = settled(sync)  # swaps version 1 in and starts fetching 3, skipping 2
+    assert first is not None and first.version == 1 and engine.version == 1
+    assert settled(sync).version == 3 and engine.version == 3
+    assert held.downloads == {1, 3}
 
 
 def replace_bytes(path: Path, data: bytes) -> None:
@@ -87,42 +164,77 @@ def replace_bytes(path: Path, data: bytes) -> None:
     os.replace(staging, path)
 
 
-def test_a_corrupt_file_is_refused_and_retried_on_the_next_check(store, engine, tmp_path, caplog):
+def test_a_corrupt_file_is_refused_and_retried_on_the_next_check(
+    store, engine, sync_for, tmp_path, caplog
+):
     announced = publish(store, 1, seed=1)
     stored = Path(store.root) / version_key(1) / "model.safetensors"
     good = stored.read_bytes()
     replace_bytes(stored, good[:-1] + bytes([good[-1] ^ 0xFF]))
     before = sample(engine)
-    sync = sync_for(store, engine, tmp_path, Announcements(announced))
-    assert sync.check() is None
+    sync = sync_for(store, Announcements(announced))
+    sync.check()
+    assert settled(sync) is None  # refused, and fetched again: still corrupt
     assert engine.version == 0 and sample(engine) == before
     assert "does not match its sha256" in caplog.text
-    assert not (tmp_path / "weights" / "v1").exists()
+    assert sync.wait_fetch(WAIT_S) and not (tmp_path / "weights" / "v1").exists()
 
     replace_bytes(stored, good)
-    assert sync.check() is not None and engine.version == 1
+    assert sync.check() is None  # the second refusal; the third fetch starts
+    assert settled(sync) is not None and engine.version == 1
 
 
-def test_a_wrong_manifest_hash_is_refused(store, engine, tmp_path):
+def test_a_wrong_manifest_hash_is_refused(store, engine, sync_for):
     announced = publish(store, 1, seed=1)
     forged = WeightVersion(1, announced.uri, "0" * 64, announced.step, announced.published_at_s)
-    assert sync_for(store, engine, tmp_path, Announcements(forged)).check() is None
+    sync = sync_for(store, Announcements(forged))
+    sync.catch_up()
     assert engine.version == 0
 
 
-def test_a_version_deleted_by_retention_is_followed_by_the_latest(store, engine, tmp_path):
+def test_weights_of_another_architecture_are_refused_in_the_background(
+    store, engine, sync_for, tmp_path, caplog
+):
+    wider = MODEL.model_copy(update={"tiny_width": 64})
+    sync = sync_for(store, Announcements(publish(store, 1, seed=1, model=wider)))
+    before = sample(engine)
+    sync.catch_up()
+    assert engine.version == 0 and sample(engine) == before
+    assert "do not fit the model" in caplog.text
+
+
+def test_a_version_deleted_by_retention_is_followed_by_the_latest(store, engine, sync_for, caplog):
     first = publish(store, 1, seed=1, keep_last=1)
     publish(store, 2, seed=2, keep_last=1)
     third = publish(store, 3, seed=3, keep_last=1)  # retention deleted 1 and 2
     announcements = Announcements(first, third)
-    sync = sync_for(store, engine, tmp_path, announcements)
-    assert sync.check() is not None
-    assert engine.version == 3 and announcements.reads == 2
+    sync = sync_for(store, announcements)
+    assert sync.check() is None
+    with caplog.at_level(logging.WARNING, logger="tba.searcher.weights"):
+        assert settled(sync) is None  # version 1 is gone: version 3 is being fetched
+    assert "weight version 1 is gone" in caplog.text
+    assert settled(sync).version == 3 and engine.version == 3
 
 
-def test_only_the_newest_local_versions_are_kept(store, engine, tmp_path):
+def test_only_the_newest_local_versions_are_kept(store, engine, sync_for, tmp_path):
     versions = [publish(store, v, seed=v) for v in (1, 2, 3)]
-    sync = sync_for(store, engine, tmp_path, Announcements(*versions))
+    sync = sync_for(store, Announcements(*versions))
     for expected in (1, 2, 3):
-        assert sync.check() is not None and engine.version == expected
+        sync.catch_up()
+        assert engine.version == expected
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v2", "v3"]
+
+
+def test_closing_waits_for_the_download_in_flight_and_swaps_nothing(held, engine, sync_for):
+    sync = sync_for(held, Announcements(publish(held, 1, seed=1)))
+    sync.check()
+    assert held.downloading.wait(WAIT_S)
+    closing = threading.Thread(target=sync.close)
+    closing.start()
+    closing.join(0.2)
+    assert closing.is_alive()  # the download is held
+    held.released.set()
+    closing.join(WAIT_S)
+    assert not closing.is_alive()
+    assert not [t for t in threading.enumerate() if t.name.startswith("searcher-weights")]
+    assert engine.version == 0

@@ -1,6 +1,7 @@
 """What a searcher needs of a generation engine: sample n completions per prompt (token ids,
 text, behaviour log-prob sums, finish reasons), load a weight version from a local directory
-without restarting, and say which version it holds.
+without restarting (prepared on another thread while it generates, then swapped in between
+rounds), and say which version it holds.
 
 Implementations: `tba.searcher.hf_engine.TransformersEngine` (CPU default for small runs) and
 `tba.searcher.vllm_engine.VllmEngine` (the main engine; the only module importing vLLM).
@@ -8,13 +9,16 @@ Implementations: `tba.searcher.hf_engine.TransformersEngine` (CPU default for sm
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tba.domain import FinishReason
 from tba.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,16 @@ class Completion:
     finish_reason: FinishReason
 
 
+@dataclass(frozen=True)
+class PreparedWeights:
+    """A weight directory made ready for `swap_weights` off the generation thread: what the
+    engine read from it beforehand (the transformers engine: every tensor, in the model's dtype
+    and on its device; vLLM: nothing, its workers read the directory during the swap)."""
+
+    weights_dir: Path
+    tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)
+
+
 class GenerationEngine(Protocol):
     @property
     def version(self) -> int:
@@ -54,9 +68,19 @@ class GenerationEngine(Protocol):
         """`params.n` completions for each prompt (token ids), in prompt order."""
         ...
 
+    def prepare_weights(self, weights_dir: Path) -> PreparedWeights:
+        """Reads and checks a `from_pretrained` directory (same architecture and tokenizer)
+        without changing the weights in use: safe while another thread generates. Weights
+        that do not fit raise InvalidArgumentError."""
+        ...
+
+    def swap_weights(self, prepared: PreparedWeights, version: int) -> None:
+        """Puts prepared weights in use as `version`; called between generations, this is
+        all the pause a new version costs."""
+        ...
+
     def load_weights(self, weights_dir: Path, version: int) -> None:
-        """Swaps in the weights of a `from_pretrained` directory (same architecture and
-        tokenizer) as `version`; generation pauses only for the swap."""
+        """`prepare_weights` and `swap_weights` in one call."""
         ...
 
     def close(self) -> None: ...

@@ -26,6 +26,7 @@ from tba.errors import UnavailableError
 from tba.retry import Backoff, retry
 from tba.searcher.config import SearcherSettings
 from tba.searcher.engine import Completion
+from tba.searcher.weights import WeightSwap
 from tba.tasks.base import Rewarder, batch_rewards
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class Phases:
 class GeneratedRound:
     """What the loop hands to the finish stage: a round's completions and how they came.
     `policy_version` is the weight version that generated them, `latest_version` the newest
-    the buffer had announced."""
+    the buffer had announced, `swaps` the versions swapped in before they were generated."""
 
     index: int
     lease_id: str
@@ -82,7 +83,7 @@ class GeneratedRound:
     completions: list[list[Completion]]
     policy_version: int
     latest_version: int
-    reload_s: float | None
+    swaps: tuple[WeightSwap, ...]
     loop_seconds: dict[str, float]
 
 
@@ -265,16 +266,27 @@ def round_values(
         "searcher/version": float(generated.policy_version),
         "searcher/latest_version": float(generated.latest_version),
         "searcher/version_lag": float(lag),
-        "searcher/reloads": float(generated.reload_s is not None),
+        "searcher/reloads": float(len(generated.swaps)),
         "searcher/tokens_per_s": counts["tokens"] / round_s if round_s > 0 else 0.0,
         "searcher/generate_tokens_per_s": counts["tokens"] / generate_s if generate_s > 0 else 0.0,
         "searcher/prompts_per_s": counts["prompts"] / round_s if round_s > 0 else 0.0,
     }
     seconds = generated.loop_seconds | finish_seconds
     values |= {f"searcher/{name}_s": s for name, s in seconds.items()}
-    values["searcher/reload_s"] = generated.reload_s or 0.0
+    values |= swap_values(generated.swaps)
     values["searcher/round_s"] = round_s
     return values
+
+
+def swap_values(swaps: Sequence[WeightSwap]) -> dict[str, float]:
+    """`swap_s`: seconds generation paused for new weights (between rounds); `fetch_s`: their
+    download, verification and preparation, beside generation; `reload_s`: from seeing the
+    last version announced to generating with it. 0 in rounds without a new version."""
+    return {
+        "searcher/swap_s": sum(s.swap_s for s in swaps),
+        "searcher/fetch_s": sum(s.fetch_s for s in swaps),
+        "searcher/reload_s": swaps[-1].reload_s if swaps else 0.0,
+    }
 
 
 def completion_counts(completions: Sequence[Sequence[Completion]]) -> dict[str, int]:

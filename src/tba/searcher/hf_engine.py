@@ -34,7 +34,7 @@ from tba.models.generate import (
     set_neutral_generation_config,
 )
 from tba.searcher.config import EngineSettings
-from tba.searcher.engine import Completion, SamplingParams, check_request
+from tba.searcher.engine import Completion, PreparedWeights, SamplingParams, check_request
 
 
 class TransformersEngine:
@@ -126,9 +126,11 @@ class TransformersEngine:
         behavior_logprob = float(logprobs[: len(tokens)].sum())
         return Completion(tokens, text, behavior_logprob, finish)
 
-    def load_weights(self, weights_dir: Path, version: int) -> None:
-        """Copies the safetensors of a `save_pretrained` directory into the model in place;
-        files that do not fit the model raise InvalidArgumentError and change nothing."""
+    def prepare_weights(self, weights_dir: Path) -> PreparedWeights:
+        """Reads the safetensors of a `save_pretrained` directory into new tensors of the
+        model's dtype, on its device, checked against its parameters; the model is untouched.
+        Until swapped in they are a second copy of the weights. Files that do not fit the
+        model raise InvalidArgumentError."""
         from safetensors.torch import load_file
 
         files = sorted(Path(weights_dir).glob("*.safetensors"))
@@ -139,10 +141,23 @@ class TransformersEngine:
             tensors.update(load_file(path))
         state = self.model.state_dict()
         _check_fits(tensors, state, weights_dir)
-        with torch.no_grad():
-            for name, tensor in tensors.items():
-                state[name].copy_(tensor)
+        ready = {
+            name: tensor.to(device=state[name].device, dtype=state[name].dtype)
+            for name, tensor in tensors.items()
+        }
+        return PreparedWeights(Path(weights_dir), _with_tied(ready, state))
+
+    def swap_weights(self, prepared: PreparedWeights, version: int) -> None:
+        """Points the model's parameters at the prepared tensors instead of copying them, so
+        the pause does not grow with the model; the old tensors are freed."""
+        targets = dict(self.model.named_parameters(remove_duplicate=False))
+        targets |= dict(self.model.named_buffers(remove_duplicate=False))
+        for name, tensor in prepared.tensors.items():
+            targets[name].data = tensor
         self._version = version
+
+    def load_weights(self, weights_dir: Path, version: int) -> None:
+        self.swap_weights(self.prepare_weights(weights_dir), version)
 
     def close(self) -> None:
         self.model = None
@@ -166,3 +181,17 @@ def _check_fits(
             f"weights in {source} do not fit the model: unknown {unknown[:5]}, "
             f"wrong shape {wrong_shape[:5]}, missing {missing[:5]}"
         )
+
+
+def _with_tied(
+    ready: dict[str, torch.Tensor], state: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """`ready` plus every model key tied to one of its keys (sharing its storage, saved once)
+    mapped to the same tensor: a tie kept as two parameters then stays a tie after the swap."""
+    by_storage = {state[name].data_ptr(): tensor for name, tensor in ready.items()}
+    tied = {
+        name: by_storage[t.data_ptr()]
+        for name, t in state.items()
+        if name not in ready and t.data_ptr() in by_storage
+    }
+    return ready | tied

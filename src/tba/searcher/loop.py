@@ -7,18 +7,20 @@ and the finish stage (tba.searcher.finish: drop duplicates -> reward -> referenc
 -> AddTrajectories acknowledging the lease -> metrics) runs on one worker thread while the
 next round generates, so the reference forward pass and posting cost no generation time. At
 most one round is in flight: the loop waits for round r's finish before handing over round
-r+1, which bounds memory and re-raises the worker's errors in the loop. Weights are reloaded
-only here, between generations; the worker uses the frozen reference model, never the
-engine. `run` returns once every round it generated is posted.
+r+1, which bounds memory and re-raises the worker's errors in the loop. New weights are
+swapped in only here, between generations (`WeightSync` downloads and prepares them on its
+own thread meanwhile); the worker uses the frozen reference model, never the engine. `run`
+returns once every round it generated is posted.
 
 Collaborators are injected: the buffer (`BufferClient`), the `GenerationEngine`, the task's
 reward, the `ReferenceScorer`, the `WeightSync`, the metrics and a clock. Every phase is timed
 (`searcher/<phase>_s`; `wait_finish_s` is the time the loop waited for the previous finish).
-The loop never waits for the trainer, except when asked to: with `min_version`, each round
-first waits for that version to be loaded; with `one_round_per_version`, for a version newer
-than the previous round's. The previous round's finish goes on meanwhile: an asynchronous
-trainer may publish that version before the round is posted (it trains on the round before),
-and the next round then generates while the previous one is scored and posted.
+The loop never waits for the trainer or for a download, except when asked to: with
+`min_version`, each round first waits for that version to be loaded; with
+`one_round_per_version`, for a version newer than the previous round's. The previous round's
+finish goes on meanwhile: an asynchronous trainer may publish that version before the round
+is posted (it trains on the round before), and the next round then generates while the
+previous one is scored and posted.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from tba.searcher.finish import (
     RoundMetrics,
     TrajectorySink,
 )
+from tba.searcher.weights import WeightSwap
 from tba.tasks.base import Rewarder
 
 log = logging.getLogger(__name__)
@@ -61,8 +64,13 @@ class PromptTokenizer(Protocol):
 class WeightChecker(Protocol):
     latest_version: int
 
-    def check(self) -> float | None:
-        """Reloads if a newer version is announced; the reload seconds, or None."""
+    def check(self) -> WeightSwap | None:
+        """Swaps in a newer version if one is ready (its swap, or None), and starts
+        fetching the newest announced one in the background; never waits for a download."""
+        ...
+
+    def wait_fetch(self, timeout_s: float | None) -> bool:
+        """Waits up to `timeout_s` for the fetch in flight; whether there was one."""
         ...
 
 
@@ -129,8 +137,8 @@ class SearcherLoop:
     def _generate(self) -> GeneratedRound | None:
         """A round up to its hand-over; None when it generated nothing."""
         phases = Phases(self.clock)
-        # Weights: a newer version is loaded between generations, never within one.
-        reload_s = self._sync_weights()
+        # Weights: a newer version is swapped in between generations, never within one.
+        swaps = self._sync_weights()
         phases.done("weights")
         if self.stop.is_set():
             return None
@@ -154,7 +162,7 @@ class SearcherLoop:
             completions=completions,
             policy_version=policy_version,
             latest_version=self.weights.latest_version,
-            reload_s=reload_s,
+            swaps=swaps,
             loop_seconds=phases.seconds,
         )
 
@@ -167,19 +175,19 @@ class SearcherLoop:
             self.stop.wait(s.idle_poll_s)
         return (lease.lease_id, *self._tokenize(lease.prompts))
 
-    def _sync_weights(self) -> float | None:
-        """Reload seconds when a newer version was loaded. With `min_version` (or
-        `one_round_per_version`) set, polls until the engine holds the version required (or the
-        loop is stopped)."""
-        reload_s = self.weights.check()
+    def _sync_weights(self) -> tuple[WeightSwap, ...]:
+        """The versions swapped in. With `min_version` (or `one_round_per_version`) set,
+        waits until the engine holds the version required (or the loop is stopped)."""
+        swaps = [self.weights.check()]
         required = self._required_version()
         if self.engine.version < required:
             log.info("waiting for weight version %d (have %d)", required, self.engine.version)
         while self.engine.version < required and not self.stop.is_set():
-            self.stop.wait(self.settings.idle_poll_s)
-            loaded = self.weights.check()
-            reload_s = loaded if loaded is not None else reload_s
-        return reload_s
+            # A fetch in flight ends the wait once it is ready; with none, poll the buffer.
+            if not self.weights.wait_fetch(self.settings.idle_poll_s):
+                self.stop.wait(self.settings.idle_poll_s)
+            swaps.append(self.weights.check())
+        return tuple(swap for swap in swaps if swap is not None)
 
     def _required_version(self) -> int:
         required = self.settings.min_version

@@ -81,12 +81,15 @@ class Searcher:
     loop: SearcherLoop
     client: BufferClient
     engine: GenerationEngine
+    weights: WeightSync
     metrics: SearcherMetrics
     settings: SearcherRunSettings
     run: Run
 
     def close(self) -> None:
         self.metrics.close()
+        # The fetcher thread prepares weights for the engine: it stops first.
+        self.weights.close()
         self.engine.close()
         self.client.close()
 
@@ -106,7 +109,7 @@ def run(settings: CommandSettings) -> None:
         log.info("searcher stopped before a run was registered")
         return
     try:
-        searcher.loop.weights.check()
+        searcher.weights.catch_up()
         s = searcher.settings
         print(
             f"searcher ready: id {searcher.loop.searcher_id}, engine {s.engine.kind}, "
@@ -173,6 +176,7 @@ def _wire(
     metrics = SearcherMetrics(
         s.metrics_port, s.metrics_host, wandb_sink(settings, run, searcher_id)
     )
+    weights = build_weight_sync(settings, client, engine)
     loop = SearcherLoop(
         settings=s,
         searcher_id=searcher_id,
@@ -181,11 +185,11 @@ def _wire(
         tokenizer=tokenizer,
         task=task,
         reference=build_reference(settings, tokenizer, base),
-        weights=build_weight_sync(settings, client, engine),
+        weights=weights,
         metrics=metrics,
         stop=stop,
     )
-    return Searcher(loop, client, engine, metrics, settings, run)
+    return Searcher(loop, client, engine, weights, metrics, settings, run)
 
 
 def wandb_sink(settings: SearcherRunSettings, run: Run, searcher_id: str) -> WandbSink | None:

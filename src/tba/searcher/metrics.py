@@ -1,8 +1,10 @@
 """A searcher's metrics: each round's `searcher/...` values logged at INFO as one line, and
 served to Prometheus from the searcher's own registry: the latest value of every key as a
 gauge `tba_searcher_<name>` (tokens/s, prompts/s, mean reward, weight version, lag behind
-the latest announced version, ...), counters of rounds and tokens, and a summary of reload
-seconds; and to wandb when a project is set (`tba.wandb_sink`)."""
+the latest announced version, ...), counters of rounds and tokens, and summaries of the
+seconds of each new weight version: reload (from its announcement to generating with it),
+swap (the pause between rounds) and fetch (download, verification and preparation, beside
+generation); and to wandb when a project is set (`tba.wandb_sink`)."""
 
 from __future__ import annotations
 
@@ -36,11 +38,24 @@ class SearcherMetrics:
         self._tokens = prometheus_client.Counter(
             "tba_searcher_completion_tokens", "Completion tokens generated.", registry=self.registry
         )
-        self._reload_s = prometheus_client.Summary(
-            "tba_searcher_reload_seconds",
-            "Seconds from seeing a newer weight version to generating with it.",
-            registry=self.registry,
-        )
+        self._weight_seconds = {
+            key: prometheus_client.Summary(
+                f"tba_searcher_{name}_seconds", help_text, registry=self.registry
+            )
+            for key, name, help_text in (
+                (
+                    "searcher/reload_s",
+                    "reload",
+                    "Seconds from seeing a newer weight version to generating with it.",
+                ),
+                ("searcher/swap_s", "swap", "Seconds generation paused to swap in new weights."),
+                (
+                    "searcher/fetch_s",
+                    "fetch",
+                    "Seconds downloading, verifying and preparing new weights, beside generation.",
+                ),
+            )
+        }
         self.server = None if port is None else MetricsServer(self.registry, port, host)
         self.port = None if self.server is None else self.server.port
 
@@ -50,7 +65,8 @@ class SearcherMetrics:
         self._rounds.inc()
         self._tokens.inc(values.get("searcher/tokens", 0.0))
         if values.get("searcher/reloads", 0.0) > 0:
-            self._reload_s.observe(values["searcher/reload_s"])
+            for key, summary in self._weight_seconds.items():
+                summary.observe(values[key])
         self._gauges.set(values)
         if self._sink is not None:
             self._sink.write(round_index, values)

@@ -18,7 +18,7 @@ from typing import Any
 from tba.domain import FinishReason
 from tba.errors import InvalidArgumentError
 from tba.searcher.config import EngineSettings
-from tba.searcher.engine import Completion, SamplingParams, check_request
+from tba.searcher.engine import Completion, PreparedWeights, SamplingParams, check_request
 
 GIB = 1 << 30
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -86,14 +86,23 @@ class VllmEngine:
         )
         return [[_completion(sample) for sample in output.outputs] for output in outputs]
 
-    def load_weights(self, weights_dir: Path, version: int) -> None:
+    def prepare_weights(self, weights_dir: Path) -> PreparedWeights:
+        """Only checks that the directory fits the model: the workers read it themselves, in
+        the swap (paths, not tensors, cross the process boundary)."""
+        _check_loadable(self._hf_config, Path(weights_dir))
+        return PreparedWeights(Path(weights_dir))
+
+    def swap_weights(self, prepared: PreparedWeights, version: int) -> None:
         """Every worker reads the directory into its model in place; then the prefix cache,
         whose KV entries the old weights computed, is dropped."""
-        _check_loadable(self._hf_config, Path(weights_dir))
-        self._llm.collective_rpc("tba_reload_weights", kwargs={"weights_path": str(weights_dir)})
+        path = str(prepared.weights_dir)
+        self._llm.collective_rpc("tba_reload_weights", kwargs={"weights_path": path})
         if not self._llm.reset_prefix_cache():
             raise RuntimeError("vLLM did not reset its prefix cache after loading weights")
         self._version = version
+
+    def load_weights(self, weights_dir: Path, version: int) -> None:
+        self.swap_weights(self.prepare_weights(weights_dir), version)
 
     def close(self) -> None:
         """Stops the engine-core process(es), which hold the weights and KV cache."""

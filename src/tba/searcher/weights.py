@@ -1,11 +1,16 @@
-"""Hot-reloading weights on a searcher: when the buffer announces a version newer than the
-engine's, download it from the object store (every file verified against its sha256) into
-`weights_dir/v{version}` and load it into the engine.
+"""Hot-reloading weights on a searcher without pausing generation for the download. When the
+buffer announces a version newer than the engine's, one background thread downloads it from
+the object store (every file verified against its sha256) into `weights_dir/v{version}` and
+has the engine prepare it (the transformers engine reads its tensors into memory) while the
+loop generates with the old weights; the loop's next `check`, between rounds, swaps it in.
+The swap is all the pause a new version costs generation.
 
-A reload that fails keeps the weights the engine has: a version deleted by retention
-(NotFoundError) is followed by the newest announced one at once; a download that fails or does
-not verify is logged and tried again on the next check. Only the newest `keep_versions` local
-folders stay on disk.
+At most one download is in flight: versions announced meanwhile are not queued, the newest
+announced one is fetched after it (and the one fetched is swapped in first). A fetch or swap
+that fails keeps the weights the engine has: a version deleted by retention (NotFoundError)
+is followed by the newest announced one at once; a download that fails or does not verify is
+logged and tried again on the next check. After each fetch only the newest `keep_versions`
+local folders stay on disk, and the one the engine holds.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import re
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -22,6 +29,7 @@ from tba.domain import WeightVersion
 from tba.errors import NotFoundError, TbaError
 from tba.objectstore import ObjectStore
 from tba.objectstore.weights import fetch_weights
+from tba.searcher.engine import PreparedWeights
 
 log = logging.getLogger(__name__)
 _VERSION_DIR = re.compile(r"^v(\d+)$")
@@ -31,7 +39,36 @@ class ReloadableEngine(Protocol):
     @property
     def version(self) -> int: ...
 
-    def load_weights(self, weights_dir: Path, version: int) -> None: ...
+    def prepare_weights(self, weights_dir: Path) -> PreparedWeights: ...
+
+    def swap_weights(self, prepared: PreparedWeights, version: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class WeightSwap:
+    """A version swapped in between rounds: `swap_s` paused generation; `fetch_s` (download,
+    verification, preparation) ran beside it; `reload_s` is from the check that saw the
+    version announced to the end of its swap."""
+
+    version: int
+    step: int
+    swap_s: float
+    fetch_s: float
+    reload_s: float
+
+
+@dataclass(frozen=True)
+class _Fetched:
+    announced: WeightVersion
+    prepared: PreparedWeights
+    seen_at_s: float
+    fetch_s: float
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    announced: WeightVersion
+    future: Future[_Fetched]
 
 
 class WeightSync:
@@ -51,62 +88,120 @@ class WeightSync:
         self.keep_versions = keep_versions
         self.clock = clock
         self.latest_version = 0
-        self.last_reload_s = 0.0
+        self._in_flight: _InFlight | None = None
+        # One worker: at most one download (and one prepared copy of the weights) at a time.
+        self._fetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="searcher-weights")
 
-    def check(self) -> float | None:
-        """Loads the newest announced version if the engine is behind it; the seconds the
-        reload took, or None when nothing was loaded (up to date, or a failure: logged)."""
-        for _ in range(2):
-            announced = self._newer_announced()
-            if announced is None:
-                return None
-            try:
-                return self._reload(announced)
-            except NotFoundError as exc:
-                # Deleted by retention: the trainer has announced a newer version since.
-                log.warning(
-                    "weight version %d is gone (%s); reading the latest", announced.version, exc
-                )
-            except (TbaError, OSError) as exc:
-                log.warning(
-                    "could not load weight version %d (%s); keeping version %d, retrying on "
-                    "the next check",
-                    announced.version,
-                    exc,
-                    self.engine.version,
-                )
-                return None
+    def check(self) -> WeightSwap | None:
+        """Between rounds: swaps in the version fetched in the background, if one is ready,
+        then starts fetching the newest announced version if the engine is behind it and no
+        fetch is in flight. Never waits for a download. The swap, or None (nothing ready, or
+        a failure: logged)."""
+        fetched = self._collect()
+        swap = None if fetched is None else self._swap(fetched)
+        self._start_fetch()
+        return swap
+
+    def wait_fetch(self, timeout_s: float | None) -> bool:
+        """Blocks until the fetch in flight, if any, is ready or has failed, for at most
+        `timeout_s` (None: no limit); whether one was in flight."""
+        if self._in_flight is None:
+            return False
+        wait([self._in_flight.future], timeout=timeout_s)
+        return True
+
+    def catch_up(self) -> None:
+        """At start: fetches the newest announced version and swaps it in, waiting for the
+        download (a failure is logged and retried by the next check)."""
+        self.check()
+        self.wait_fetch(None)
+        self.check()
+
+    def close(self) -> None:
+        """Waits for the fetch in flight, if any, and stops the fetcher thread; nothing is
+        swapped in after."""
+        self._fetcher.shutdown(wait=True, cancel_futures=True)
+
+    def _collect(self) -> _Fetched | None:
+        """The fetch in flight once it is done: what it prepared, or None (a failure: logged)."""
+        in_flight = self._in_flight
+        if in_flight is None or not in_flight.future.done():
+            return None
+        self._in_flight = None
+        version = in_flight.announced.version
+        try:
+            return in_flight.future.result()
+        except NotFoundError as exc:
+            # Deleted by retention: the trainer has announced a newer version since.
+            log.warning("weight version %d is gone (%s); fetching the latest", version, exc)
+        except (TbaError, OSError) as exc:
+            log.warning(
+                "could not fetch weight version %d (%s); keeping version %d, retrying on the "
+                "next check",
+                version,
+                exc,
+                self.engine.version,
+            )
         return None
 
-    def _newer_announced(self) -> WeightVersion | None:
+    def _start_fetch(self) -> None:
         announced = self.latest()
         if announced is None:
-            return None
+            return
         self.latest_version = max(self.latest_version, announced.version)
-        return announced if announced.version > self.engine.version else None
+        if self._in_flight is None and announced.version > self.engine.version:
+            future = self._fetcher.submit(self._fetch, announced, self.clock())
+            self._in_flight = _InFlight(announced, future)
 
-    def _reload(self, announced: WeightVersion) -> float:
+    def _fetch(self, announced: WeightVersion, seen_at_s: float) -> _Fetched:
+        """On the fetcher thread, beside generation: download, verify, prepare, prune."""
         started = self.clock()
         local = self.weights_dir / f"v{announced.version}"
         try:
             fetch_weights(self.store, announced, local)
-            self.engine.load_weights(local, announced.version)
+            prepared = self.engine.prepare_weights(local)
         except BaseException:
             shutil.rmtree(local, ignore_errors=True)
             raise
         self._prune()
-        self.last_reload_s = self.clock() - started
-        log.info(
-            "loaded weight version %d (trainer step %d) in %.2f s",
+        return _Fetched(announced, prepared, seen_at_s, self.clock() - started)
+
+    def _swap(self, fetched: _Fetched) -> WeightSwap | None:
+        announced = fetched.announced
+        started = self.clock()
+        try:
+            self.engine.swap_weights(fetched.prepared, announced.version)
+        except (TbaError, OSError) as exc:
+            log.warning(
+                "could not load weight version %d (%s); keeping version %d, retrying on the "
+                "next check",
+                announced.version,
+                exc,
+                self.engine.version,
+            )
+            shutil.rmtree(fetched.prepared.weights_dir, ignore_errors=True)
+            return None
+        done = self.clock()
+        swap = WeightSwap(
             announced.version,
             announced.step,
-            self.last_reload_s,
+            done - started,
+            fetched.fetch_s,
+            done - fetched.seen_at_s,
         )
-        return self.last_reload_s
+        log.info(
+            "loaded weight version %d (trainer step %d) in %.3f s, fetched beside generation in "
+            "%.2f s",
+            swap.version,
+            swap.step,
+            swap.swap_s,
+            swap.fetch_s,
+        )
+        return swap
 
     def _prune(self) -> None:
         """Deletes local version folders beyond the newest `keep_versions`, never the one the
-        engine holds."""
+        engine holds (which cannot change meanwhile: a swap only follows a finished fetch)."""
         found = {}
         for path in self.weights_dir.iterdir():
             match = _VERSION_DIR.match(path.name)
