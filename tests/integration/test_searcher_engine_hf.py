@@ -1,5 +1,6 @@
 """The transformers engine on tiny models: shapes and finish reasons, behaviour log-probs equal
-to the trainer's `sequence_logprobs`, seeded reproducibility, and hot-reloading weights."""
+to the trainer's `sequence_logprobs`, seeded reproducibility, and hot-reloading weights
+(prepared beside generation, then swapped in)."""
 
 from __future__ import annotations
 
@@ -110,6 +111,24 @@ def test_hot_reload_swaps_weights_in_place(tmp_path):
         torch.tensor([c.behavior_logprob for g in back for c in g]),
         torch.tensor([c.behavior_logprob for g in first for c in g]),
     )
+
+
+def test_prepared_weights_change_nothing_until_swapped_in(tmp_path):
+    engine = engine_for(seed=0)
+    prompts = prompts_of(engine)
+    first = engine.generate(prompts, params(seed=5))
+    prepared = engine.prepare_weights(saved(1, tmp_path / "b"))
+    assert engine.generate(prompts, params(seed=5)) == first and engine.version == 0
+
+    engine.swap_weights(prepared, version=1)
+    model = engine.model
+    assert engine.version == 1
+    # The output layer stays tied to the embeddings it was saved with.
+    assert model.lm_head.weight is model.transformer.wte.weight
+    _, expected = load_model(MODEL, 1)
+    swapped = model.state_dict()
+    for name, tensor in expected.state_dict().items():
+        torch.testing.assert_close(swapped[name], tensor, atol=0, rtol=0)
 
 
 def test_weights_of_another_architecture_are_refused_and_change_nothing(tmp_path):

@@ -30,6 +30,7 @@ from tba.searcher.reference import ReferenceScorer
 from tba.searcher.weights import WeightSync
 from tba.tasks.arithmetic import ArithmeticTask
 from tba.tasks.base import make_prompt
+from tests.unit.test_searcher_weights import HeldStore
 
 MODEL = ModelSettings(tiny_layers=1, tiny_width=32, tiny_heads=2, tiny_positions=64)
 PROMPTS = [make_prompt("arithmetic", f"{a}+{a}=", str(2 * a)) for a in (11, 12, 13)]
@@ -77,6 +78,7 @@ def make_loop(
     eos_nats: float = 20.0,
     task: object = None,
     latest: object = None,
+    store: FileStore | None = None,
     **settings: object,
 ) -> SearcherLoop:
     """A loop over a tiny engine; `eos_nats` 20 makes every completion a lone EOS."""
@@ -90,7 +92,7 @@ def make_loop(
     s = SearcherSettings(**{**options, "idle_poll_s": 0.01, **settings})
     sync = WeightSync(
         latest or (lambda: None),  # type: ignore[arg-type]
-        FileStore(f"file://{tmp_path / 'store'}"),
+        store or FileStore(f"file://{tmp_path / 'store'}"),
         engine,
         tmp_path / "weights",
     )
@@ -257,6 +259,25 @@ def test_min_version_waits_until_that_version_is_loaded(tmp_path):
     assert values["searcher/fetch_s"] > 0 and values["searcher/swap_s"] >= 0
     assert values["searcher/reload_s"] >= values["searcher/fetch_s"]
     assert {t.policy_version for t in buffer.posted()} == {1}
+
+
+def test_a_round_generates_with_the_old_weights_while_the_new_ones_download(tmp_path):
+    store = HeldStore(f"file://{tmp_path / 'store'}")
+    tokenizer, model = load_model(MODEL, 1)
+    published = publish_weights(store, 1, 2, model, tokenizer)
+    buffer = RecordingBuffer(PROMPTS)
+    loop = make_loop(tmp_path, buffer, latest=lambda: published, store=store)
+    first = loop.round()  # version 1's download is held all along
+    assert first is not None and store.downloading.is_set()
+    assert (first["searcher/version"], first["searcher/latest_version"]) == (0, 1)
+    assert first["searcher/reloads"] == 0 and first["searcher/swap_s"] == 0
+    store.released.set()
+    assert loop.weights.wait_fetch(60.0)
+    second = loop.round()
+    assert second is not None
+    assert (second["searcher/version"], second["searcher/reloads"]) == (1, 1)
+    assert 0 <= second["searcher/swap_s"] <= second["searcher/weights_s"]
+    assert {t.policy_version for t in buffer.posted()} == {0, 1}
 
 
 def test_stopping_while_waiting_for_min_version_ends_the_round(tmp_path):
