@@ -363,7 +363,7 @@ def test_the_searcher_keeps_its_weights_through_a_truncated_file_and_an_outage(
 ):
     """WeightSync (the searcher's weight reloads) against the real store: a truncated
     safetensors file fails its sha256 and an unreachable store fails the download (both in
-    the background, and retried); the engine keeps the weights it has and generates with
+    the background); the engine keeps the weights it has and generates with
     them, then loads the version."""
     store = open_object_store(store_settings(weed.s3, retries=0, timeout_s=5.0))
     tokenizer, model = load_model(MODEL, 0)
@@ -379,7 +379,6 @@ def test_the_searcher_keeps_its_weights_through_a_truncated_file_and_an_outage(
     whole = store.get_bytes(key)
     store.put_bytes(key, whole[: len(whole) // 2])
     sync.catch_up()
-    assert sync.wait_fetch(60.0)  # the retry the last check started: refused too
     assert engine.version == 1 and sample(engine) == with_v1
     assert "model.safetensors of" in caplog.text and "does not match its sha256" in caplog.text
     assert not (tmp_path / "weights" / "v2").exists()
@@ -389,11 +388,10 @@ def test_the_searcher_keeps_its_weights_through_a_truncated_file_and_an_outage(
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="tba.searcher.weights"):
         sync.catch_up()
-        assert sync.wait_fetch(60.0)
     assert engine.version == 1 and sample(engine) == with_v1
     assert "object store unreachable" in caplog.text
     restart(weed, store)
-    sync.catch_up()  # the last failure collected, the version fetched again and swapped in
+    sync.catch_up()
     assert engine.version == 2
     assert sample(engine) != with_v1
     sync.close()

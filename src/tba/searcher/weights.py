@@ -9,7 +9,8 @@ At most one download is in flight: versions announced meanwhile are not queued, 
 announced one is fetched after it (and the one fetched is swapped in first). A fetch or swap
 that fails keeps the weights the engine has: a version deleted by retention (NotFoundError)
 is followed by the newest announced one at once; a download that fails or does not verify is
-logged and tried again on the next check. After each fetch only the newest `keep_versions`
+logged and tried again by the check after the one that saw it fail (a newer version announced
+meanwhile at once). After each fetch only the newest `keep_versions`
 local folders stay on disk, and the one the engine holds.
 """
 
@@ -97,9 +98,14 @@ class WeightSync:
         then starts fetching the newest announced version if the engine is behind it and no
         fetch is in flight. Never waits for a download. The swap, or None (nothing ready, or
         a failure: logged)."""
-        fetched = self._collect()
-        swap = None if fetched is None else self._swap(fetched)
-        self._start_fetch()
+        fetched, failed = self._collect()
+        swap = None
+        if fetched is not None:
+            swap = self._swap(fetched)
+            failed = None if swap is not None else fetched.announced.version
+        # A version that just failed is tried again by the next check, not at once: a wait for
+        # a version (`min_version`) then retries every `idle_poll_s`, not in a tight loop.
+        self._start_fetch(retry_later=failed)
         return swap
 
     def wait_fetch(self, timeout_s: float | None) -> bool:
@@ -122,15 +128,16 @@ class WeightSync:
         swapped in after."""
         self._fetcher.shutdown(wait=True, cancel_futures=True)
 
-    def _collect(self) -> _Fetched | None:
-        """The fetch in flight once it is done: what it prepared, or None (a failure: logged)."""
+    def _collect(self) -> tuple[_Fetched | None, int | None]:
+        """The fetch in flight once it is done: what it prepared, or the version that failed
+        (logged); (None, None) while it runs or with none."""
         in_flight = self._in_flight
         if in_flight is None or not in_flight.future.done():
-            return None
+            return None, None
         self._in_flight = None
         version = in_flight.announced.version
         try:
-            return in_flight.future.result()
+            return in_flight.future.result(), None
         except NotFoundError as exc:
             # Deleted by retention: the trainer has announced a newer version since.
             log.warning("weight version %d is gone (%s); fetching the latest", version, exc)
@@ -142,14 +149,15 @@ class WeightSync:
                 exc,
                 self.engine.version,
             )
-        return None
+        return None, version
 
-    def _start_fetch(self) -> None:
+    def _start_fetch(self, retry_later: int | None) -> None:
         announced = self.latest()
         if announced is None:
             return
         self.latest_version = max(self.latest_version, announced.version)
-        if self._in_flight is None and announced.version > self.engine.version:
+        newer = announced.version > self.engine.version
+        if self._in_flight is None and newer and announced.version != retry_later:
             future = self._fetcher.submit(self._fetch, announced, self.clock())
             self._in_flight = _InFlight(announced, future)
 
