@@ -1,8 +1,9 @@
 """Scale out with real processes: `tba buffer serve` (embedded store), `tba trainer run` and
 three `tba searcher run`; one searcher is killed -9 mid-run and a fourth joins. The trainer
-finishes its steps, every trajectory a searcher logged as posted is stored and counted under
-that searcher, the killed searcher's leased prompts are served again once the lease expires,
-and the buffer's stats list all four searchers."""
+finishes its steps; the buffer counts under each searcher the trajectories it logged as posted
+(the killed one: at least those) and still stores every trajectory it acknowledged; the killed
+searcher's leased prompts are served again once the lease expires; the buffer's stats list all
+four searchers."""
 
 from __future__ import annotations
 
