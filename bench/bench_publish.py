@@ -11,6 +11,8 @@ verify, load; publish runs its sha256 beside the upload), the CPU seconds of thi
 of the SeaweedFS server per publish + reload (they share this machine's cores), and a plain
 HTTP PUT of the same file to the SeaweedFS filer (no S3 gateway, no signing, no SDK): the
 server's own floor for storing those bytes.
+
+Then the trainer loop with publishing every step against publishing off (`bench.publish_loop`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from bench import publish_loop
 from bench.common import Row, proc_stat
 from tba.models.tiny import build_tiny_tokenizer
 from tba.objectstore import ObjectStore, open_object_store
@@ -248,4 +251,4 @@ def run(quick: bool) -> list[Row]:
             rows += _compare("s3:// SeaweedFS", s3_store, model, tokenizer, root, repeats, server)
         finally:
             server.kill()
-    return rows
+    return rows + publish_loop.run(quick)
