@@ -1,6 +1,6 @@
 """Training with weights published every step against training without, in one run: the
 project's own `TrainerLoop` (draw, `train_on_batch`, publish) on a ~100M-parameter model
-(`--quick`: ~3M), publishing (a) off, (b) in the background to `file://`, (c) in the
+(`--quick`: ~2M), publishing (a) off, (b) in the background to `file://`, (c) in the
 background to a SeaweedFS `s3://` server and (d) synchronously to `file://`, for contrast.
 
 All cases train one engine (model and AdamW state), in segments of a few steps taken in turn,
@@ -375,7 +375,7 @@ def main() -> None:
     from bench.__main__ import print_table
 
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="the ~3M-parameter model")
+    parser.add_argument("--quick", action="store_true", help="the ~2M-parameter model")
     print_table(run(parser.parse_args().quick))
 
 
