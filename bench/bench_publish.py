@@ -31,8 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bench import publish_loop
-from bench.common import Row, proc_stat
-from tba.models.tiny import build_tiny_tokenizer
+from bench.common import Row, gpt2_100m, proc_stat
 from tba.objectstore import ObjectStore, open_object_store
 from tba.objectstore.local import FileStore
 from tba.objectstore.weights import fetch_weights, publish_weights, sha256_file
@@ -42,24 +41,6 @@ TARGET_RATIO = 1.5
 _PHASE_KEY = "bench/model.safetensors"
 _HTTP_BLOCK_BYTES = 1024 * 1024
 _RAW_TRANSFER_STEPS = ("serialize (save_pretrained)", "upload", "download", "load")
-
-
-def _model(quick: bool) -> Any:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    tokenizer = build_tiny_tokenizer()
-    layers, width = (2, 256) if quick else (14, 768)
-    config = GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=1024,
-        n_embd=width,
-        n_layer=layers,
-        n_head=max(width // 64, 1),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return GPT2LMHeadModel(config), tokenizer
 
 
 def _unique_tensors(model: Any) -> dict[str, torch.Tensor]:
@@ -235,7 +216,7 @@ def _rows(case: str, raw_s: float, run: dict[str, float]) -> list[Row]:
 
 def run(quick: bool) -> list[Row]:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    model, tokenizer = _model(quick)
+    model, tokenizer = gpt2_100m(quick, n_positions=1024)
     params = sum(p.numel() for p in model.parameters())
     repeats = 1 if quick else 3
     rows = [Row("publish", "model parameters", params / 1e6, "M")]

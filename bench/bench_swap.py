@@ -34,9 +34,8 @@ from typing import Any
 
 import torch
 
-from bench.common import Row
+from bench.common import Row, gpt2_100m
 from tba.domain import WeightVersion
-from tba.models.tiny import build_tiny_tokenizer
 from tba.objectstore.local import FileStore
 from tba.objectstore.weights import fetch_weights, publish_weights
 from tba.searcher.config import EngineSettings
@@ -74,26 +73,6 @@ class Setup:
         weights = publish_weights(self.store, version, version, self.model, self.tokenizer)
         self.announced.append(weights)
         return weights
-
-
-def _model(quick: bool) -> tuple[Any, Any]:
-    """A GPT-2 of ~100M parameters (~3M with `quick`) on the tiny tokenizer."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    tokenizer = build_tiny_tokenizer()
-    layers, width = (2, 256) if quick else (14, 768)
-    config = GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=512,
-        n_embd=width,
-        n_layer=layers,
-        n_head=max(width // 64, 1),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(config).eval(), tokenizer
 
 
 def _timed(step: Callable[[], object]) -> float:
@@ -213,7 +192,8 @@ def run(quick: bool) -> list[Row]:
         kinds.append("vllm")
     else:
         print("vllm is not installed: the vllm engine is skipped", flush=True)
-    model, tokenizer = _model(quick)
+    model, tokenizer = gpt2_100m(quick, n_positions=512)
+    model.eval()
     params = sum(p.numel() for p in model.parameters())
     rows = [Row("swap", "model parameters", params / 1e6, "M")]
     new_tokens, samples, repeats = (8, 2, 2) if quick else (32, 4, 3)

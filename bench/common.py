@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import torch
+
+from tba.models.tiny import build_tiny_tokenizer
 
 
 @dataclass(frozen=True)
@@ -34,3 +39,24 @@ def proc_stat(pid: int) -> ProcStat:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = int(fields[11]) + int(fields[12])  # utime, stime
     return ProcStat(int(fields[1]), ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def gpt2_100m(quick: bool, *, n_positions: int) -> tuple[Any, Any]:
+    """A seeded GPT-2 of ~100M parameters (~2M with `quick`) on the tiny tokenizer, and that
+    tokenizer: the model the publish and swap benchmarks move around."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer = build_tiny_tokenizer()
+    layers, width = (2, 256) if quick else (14, 768)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=n_positions,
+        n_embd=width,
+        n_layer=layers,
+        n_head=max(width // 64, 1),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(config), tokenizer
