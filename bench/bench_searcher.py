@@ -29,7 +29,6 @@ the full run a 6-layer, 256-wide one with longer completions.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import tempfile
 import time
@@ -40,7 +39,7 @@ from typing import Any
 
 import torch
 
-from bench.common import Row, proc_stat
+from bench.common import Row, engine_kinds, proc_stat
 from tba.buffer.config import BufferClientSettings
 from tba.buffer.transport.grpc_client import BufferClient
 from tba.models.config import ModelSettings
@@ -303,11 +302,7 @@ def _rows(kind: str, t: Totals) -> list[Row]:
 
 def run(quick: bool) -> list[Row]:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    kinds = ["transformers"]
-    if importlib.util.find_spec("vllm") is not None:
-        kinds.append("vllm")
-    else:
-        print("vllm is not installed: the vllm engine is skipped", flush=True)
+    kinds = engine_kinds()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="tba-bench-searcher-") as tmp:
         root = Path(tmp)

@@ -22,7 +22,6 @@ here the two share them).
 from __future__ import annotations
 
 import copy
-import importlib.util
 import os
 import statistics
 import tempfile
@@ -34,7 +33,7 @@ from typing import Any
 
 import torch
 
-from bench.common import Row, gpt2_100m
+from bench.common import Row, engine_kinds, gpt2_100m
 from tba.domain import WeightVersion
 from tba.objectstore.local import FileStore
 from tba.objectstore.weights import fetch_weights, publish_weights
@@ -187,11 +186,7 @@ def _rows(kind: str, t: Trials) -> list[Row]:
 
 def run(quick: bool) -> list[Row]:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    kinds = ["transformers"]
-    if importlib.util.find_spec("vllm") is not None:
-        kinds.append("vllm")
-    else:
-        print("vllm is not installed: the vllm engine is skipped", flush=True)
+    kinds = engine_kinds()
     model, tokenizer = gpt2_100m(quick, n_positions=512)
     model.eval()
     params = sum(p.numel() for p in model.parameters())

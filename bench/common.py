@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,3 +61,11 @@ def gpt2_100m(quick: bool, *, n_positions: int) -> tuple[Any, Any]:
     )
     torch.manual_seed(0)
     return GPT2LMHeadModel(config), tokenizer
+
+
+def engine_kinds() -> list[str]:
+    """The searcher engines this machine can run: transformers, and vLLM where installed."""
+    if importlib.util.find_spec("vllm") is not None:
+        return ["transformers", "vllm"]
+    print("vllm is not installed: the vllm engine is skipped", flush=True)
+    return ["transformers"]
