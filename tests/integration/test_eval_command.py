@@ -15,10 +15,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tba.cli import main
-from tba.eval.metrics import mean_pairwise_cosine_distance
 from tba.tasks.arithmetic import ArithmeticTask
 from tba.tasks.base import Split
 from tba.tasks.config import ArithmeticSettings
+from tba.tasks.diversity import mean_pairwise_cosine_distance
 from tba.tasks.embedding import load_embedder
 from tests.fixtures.tiny_models import save_causal_lm, save_classifier, save_embedder, write_jsonl
 

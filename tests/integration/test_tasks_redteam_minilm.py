@@ -10,7 +10,7 @@ import sys
 
 DIVERSITY_SCRIPT = """
 import json, sys
-from tba.eval.metrics import mean_pairwise_cosine_distance
+from tba.tasks.diversity import mean_pairwise_cosine_distance
 from tba.tasks.embedding import load_embedder, model_location
 embedder = load_embedder("all-MiniLM-L6-v2")
 groups = json.loads(sys.argv[1])

@@ -17,8 +17,9 @@ from typing import Any, Protocol
 
 from tba.domain import Prompt
 from tba.errors import InvalidArgumentError
-from tba.eval.metrics import mean, mean_pairwise_cosine_distance, success_rate, win_rate
+from tba.eval.metrics import mean, success_rate, win_rate
 from tba.tasks.base import Task
+from tba.tasks.diversity import mean_pairwise_cosine_distance
 from tba.tasks.embedding import Embedder
 from tba.tasks.evaluate import evaluate
 from tba.tasks.preference import PreferenceTask

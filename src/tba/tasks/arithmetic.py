@@ -33,7 +33,10 @@ class ArithmeticTask:
 
     def reward(self, prompt: Prompt, completion_text: str) -> float:
         # Exact match: the model must stop (EOS) right after the sum to score.
-        return 1.0 if completion_text.strip() == prompt.answer else 0.0
+        return 1.0 if self.final_answer(completion_text) == prompt.answer else 0.0
+
+    def final_answer(self, completion_text: str) -> str:
+        return completion_text.strip()
 
 
 def _prompt(a: int, b: int) -> Prompt:

@@ -3,7 +3,9 @@
 A reward reads only the prompt (its `answer` carries the gold) and the completion text, so a
 searcher can score prompts that people submitted to the buffer as well as the task's own.
 Tasks whose reward runs a model (a reward model, a victim and a classifier) also score whole
-batches at once (`BatchRewarder`); `batch_rewards` calls whichever a task offers.
+batches at once (`BatchRewarder`); `batch_rewards` calls whichever a task offers. Tasks
+whose reward checks a final answer say what it is (`AnswerReader`), so diversity can count
+distinct answers (`tba.tasks.diversity`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,14 @@ class BatchRewarder(Protocol):
     ) -> list[float]:
         """One finite score per completion, in order. `finished[i]` is False when completion
         i was cut by the length limit (no EOS), which some tasks penalise."""
+        ...
+
+
+@runtime_checkable
+class AnswerReader(Protocol):
+    def final_answer(self, completion_text: str) -> str | None:
+        """The answer the reward checks, written so that equal answers are equal strings;
+        None when the text has none. Never raises."""
         ...
 
 

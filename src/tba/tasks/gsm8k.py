@@ -55,6 +55,12 @@ class Gsm8kTask:
     def reward(self, prompt: Prompt, completion_text: str) -> float:
         return self._verify(prompt.answer, completion_text)
 
+    def final_answer(self, completion_text: str) -> str | None:
+        """The last number, as `last_number` reads it (also under `math_verify`, whose
+        symbolic parse is too slow to run on every completion a searcher draws)."""
+        value = last_number(completion_text)
+        return None if value is None else format(value.normalize(), "f")
+
     def _prompt(self, question: str, gold: str) -> Prompt:
         # str.replace, not str.format: a template may hold other braces (LaTeX, JSON).
         text = self.settings.template.replace("{question}", question)
@@ -67,12 +73,16 @@ class Gsm8kTask:
 def last_number_reward(gold: str, response: str) -> float:
     """1.0 when the last number of `response` equals `gold` numerically, else 0.0; never raises."""
     try:
-        numbers = list(_NUMBER.finditer(response))
-        if not numbers:
-            return 0.0
-        return 1.0 if _number_value(numbers[-1]) == _parse_number(gold) else 0.0
+        value = last_number(response)
+        return 0.0 if value is None else float(value == _parse_number(gold))
     except Exception:
         return 0.0
+
+
+def last_number(response: str) -> Decimal | None:
+    """The value of the last number in `response`; None when it has none."""
+    numbers = list(_NUMBER.finditer(response))
+    return _number_value(numbers[-1]) if numbers else None
 
 
 def math_verify_reward(gold: str, response: str) -> float:
