@@ -30,6 +30,7 @@ from tba.searcher.reference import ReferenceScorer
 from tba.searcher.weights import WeightSync
 from tba.tasks.arithmetic import ArithmeticTask
 from tba.tasks.base import make_prompt
+from tba.tasks.diversity import mean_pairwise_ngram_distance
 from tests.unit.test_searcher_weights import HeldStore
 
 MODEL = ModelSettings(tiny_layers=1, tiny_width=32, tiny_heads=2, tiny_positions=64)
@@ -121,6 +122,10 @@ def test_identical_completions_of_a_prompt_are_posted_once(tmp_path, drop, expec
     assert sorted({t.prompt_id for t in posted}) == sorted(p.id for p in PROMPTS)
     assert all(unpack_tokens(t.completion_token_ids).tolist() == [eos] for t in posted)
     assert all(t.finish_reason == FinishReason.STOP for t in posted)
+    # Diversity is of what the policy drew, duplicates included: one answer in four, no
+    # distance between equal completions.
+    assert values["searcher/distinct_answer_ratio"] == 0.25
+    assert values["searcher/pairwise_distance"] == 0.0
 
 
 class FlakyReward:
@@ -236,6 +241,32 @@ def test_rounds_stop_at_max_rounds_and_carry_every_field(tmp_path):
         assert t.policy_version == 0
         assert t.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
         assert t.created_at_s > 0 and math.isfinite(t.ref_logprob + t.behavior_logprob)
+
+
+def test_each_round_measures_the_diversity_of_its_prompt_groups_for_its_version(tmp_path):
+    buffer = RecordingBuffer(PROMPTS)
+    loop = make_loop(tmp_path, buffer, eos_nats=0.0, drop_duplicates=False)
+    values = loop.round()
+    posted = buffer.posted()
+    assert values is not None and len(posted) == 12 and values["searcher/version"] == 0
+    groups = [[t for t in posted if t.prompt_id == p.id] for p in PROMPTS]
+    ratios = [len({t.completion_text.strip() for t in group}) / 4 for group in groups]
+    distances = [
+        mean_pairwise_ngram_distance(
+            [unpack_tokens(t.completion_token_ids).tolist() for t in group]
+        )
+        for group in groups
+    ]
+    assert values["searcher/distinct_answer_ratio"] == pytest.approx(sum(ratios) / 3)
+    assert None not in distances
+    expected_distance = sum(d for d in distances if d is not None) / 3
+    assert values["searcher/pairwise_distance"] == pytest.approx(expected_distance)
+    assert 0 < values["searcher/pairwise_distance"] <= 1
+    assert values["searcher/diversity_s"] >= 0
+    registry = loop.metrics.registry  # type: ignore[attr-defined]
+    for name in ("distinct_answer_ratio", "pairwise_distance"):
+        exposed = registry.get_sample_value(f"tba_searcher_{name}")
+        assert exposed == pytest.approx(values[f"searcher/{name}"])
 
 
 def test_min_version_waits_until_that_version_is_loaded(tmp_path):

@@ -2,7 +2,7 @@
 generated.
 
     drop duplicates -> reward -> reference log-probs -> AddTrajectories (acknowledging the
-    lease) -> round metrics
+    lease) -> diversity -> round metrics
 
 `SearcherLoop.run` runs it on one worker thread while the next round generates. It touches
 none of the loop's generation state (engine, weights, tokenizer): only the frozen reference
@@ -28,6 +28,7 @@ from tba.searcher.config import SearcherSettings
 from tba.searcher.engine import Completion
 from tba.searcher.weights import WeightSwap
 from tba.tasks.base import Rewarder, batch_rewards
+from tba.tasks.diversity import final_answer, group_diversity, mean_diversity
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +119,15 @@ class RoundFinisher:
         phases.done("reference")
         self._post(trajectories, generated.lease_id)
         phases.done("post")
+        diversity = diversity_values(self.task, generated.completions)
+        phases.done("diversity")
         counts = {
             **completion_counts(generated.completions),
             "prompts": len(generated.prompts),
             "duplicates": duplicates,
             "dropped": len(candidates) - len(trajectories),
         }
-        values = round_values(generated, phases.seconds, counts, trajectories)
+        values = round_values(generated, phases.seconds, counts, trajectories) | diversity
         self.metrics.write(generated.index, values)
         return values
 
@@ -276,6 +279,29 @@ def round_values(
     values |= swap_values(generated.swaps)
     values["searcher/round_s"] = round_s
     return values
+
+
+def diversity_values(
+    task: Rewarder, completions: Sequence[Sequence[Completion]]
+) -> dict[str, float]:
+    """`distinct_answer_ratio` and `pairwise_distance` of every completion generated (before
+    duplicates are dropped: they are part of what the policy drew), mean over the round's
+    prompts; NaN when no prompt had two. All from one weight version, `searcher/version`.
+    Distances are of token bigrams: no task embeds completions for its reward, and embedding
+    them only to measure would cost a model pass per round."""
+    groups = (
+        group_diversity([final_answer(task, c.text) for c in group], [c.token_ids for c in group])
+        for group in completions
+    )
+    mean = mean_diversity(groups)
+    return {
+        "searcher/distinct_answer_ratio": _or_nan(mean.distinct_answer_ratio),
+        "searcher/pairwise_distance": _or_nan(mean.pairwise_distance),
+    }
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
 
 
 def swap_values(swaps: Sequence[WeightSwap]) -> dict[str, float]:

@@ -1,10 +1,11 @@
 """A searcher's metrics: each round's `searcher/...` values logged at INFO as one line, and
 served to Prometheus from the searcher's own registry: the latest value of every key as a
-gauge `tba_searcher_<name>` (tokens/s, prompts/s, mean reward, weight version, lag behind
-the latest announced version, ...), counters of rounds and tokens, and summaries of the
-seconds of each new weight version: reload (from its announcement to generating with it),
-swap (the pause between rounds) and fetch (download, verification and preparation, beside
-generation); and to wandb when a project is set (`tba.wandb_sink`)."""
+gauge `tba_searcher_<name>` (tokens/s, prompts/s, mean reward, the diversity of the round's
+prompt groups, weight version, lag behind the latest announced version, ...), counters of
+rounds and tokens, and summaries of the seconds of each new weight version: reload (from its
+announcement to generating with it), swap (the pause between rounds) and fetch (download,
+verification and preparation, beside generation); and to wandb when a project is set
+(`tba.wandb_sink`)."""
 
 from __future__ import annotations
 
