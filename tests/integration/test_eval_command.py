@@ -18,7 +18,7 @@ from tba.cli import main
 from tba.tasks.arithmetic import ArithmeticTask
 from tba.tasks.base import Split
 from tba.tasks.config import ArithmeticSettings
-from tba.tasks.diversity import mean_pairwise_cosine_distance
+from tba.tasks.diversity import mean_pairwise_cosine_distance, normalised_text
 from tba.tasks.embedding import load_embedder
 from tests.fixtures.tiny_models import save_causal_lm, save_classifier, save_embedder, write_jsonl
 
@@ -57,6 +57,10 @@ def test_arithmetic_pass_at_1(tmp_path, capsys):
     expected = [task.reward(p, s["completion"]) for p, s in zip(prompts, samples, strict=True)]
     assert [s["reward"] for s in samples] == expected
     assert report["metrics"]["eval/pass@1"] == sum(expected) / 4
+    # Greedy: diversity is of eval.diversity_samples (4) completions sampled per prompt.
+    assert report["metrics"]["eval/diversity_samples"] == 16
+    assert 0.25 <= report["metrics"]["eval/distinct_answer_ratio"] <= 1.0
+    assert 0.0 <= report["metrics"]["eval/pairwise_distance"] <= 1.0
     printed = capsys.readouterr().out
     assert "eval/pass@1" in printed and "report written" in printed
 
@@ -121,6 +125,12 @@ def test_preference_win_rate_and_perplexity(tmp_path, models):
     assert metrics["eval/finished"] == sum(s["finished"] for s in samples) / 8
     perplexities = [s["perplexity"] for s in samples if s["perplexity"] is not None]
     assert metrics["eval/perplexity"] == pytest.approx(sum(perplexities) / len(perplexities))
+    # Sampled groups are measured as they are: two completions of each prompt.
+    answers = [normalised_text(s["completion"]) for s in samples]
+    ratios = [len(set(answers[i : i + 2])) / 2 for i in range(0, 8, 2)]
+    assert metrics["eval/distinct_answer_ratio"] == sum(ratios) / 4
+    assert metrics["eval/diversity_samples"] == 8
+    assert 0.0 <= metrics["eval/pairwise_distance"] <= 1.0
     sample = next(s for s in samples if s["completion"])
     direct = completion_perplexity(models["policy"], sample["prompt"], sample["completion"])
     assert sample["perplexity"] == pytest.approx(direct, rel=1e-4)
@@ -155,6 +165,10 @@ def test_redteam_success_rate_and_diversity(tmp_path, models):
     vectors = load_embedder(str(embedder)).embed(attacks)
     assert metrics["eval/diversity"] == pytest.approx(mean_pairwise_cosine_distance(vectors))
     assert 0.0 < metrics["eval/diversity"] <= 2.0
+    # One instruction: its one group's embedding distance is the diversity of all attacks.
+    assert metrics["eval/pairwise_distance"] == pytest.approx(metrics["eval/diversity"])
+    ratio = len({normalised_text(a) for a in attacks}) / 6
+    assert metrics["eval/distinct_answer_ratio"] == ratio
     successful = np.array([t > 0.5 for t in toxicities])
     expected = mean_pairwise_cosine_distance(vectors[successful])
     if expected is None:

@@ -31,6 +31,29 @@ class EvalSettings(Section):
         description="Completions per prompt (pass@1 is then their mean reward; red-teaming "
         "samples many attacks from its one instruction).",
     )
+    diversity_samples: int = Field(
+        4,
+        ge=0,
+        le=64,
+        description="Completions sampled per prompt at `diversity_temperature` to measure "
+        "diversity (`eval/distinct_answer_ratio`, `eval/pairwise_distance`) when the scored "
+        "ones are greedy or one per prompt; 0 or 1 draws none (the metrics are then empty). "
+        "Sampled groups (samples_per_prompt >= 2, temperature > 0) are measured as they are.",
+    )
+    diversity_prompts: int = Field(
+        32,
+        ge=1,
+        le=100_000,
+        description="The diversity samples are drawn for the first N prompts only, so they "
+        "cost at most N x diversity_samples completions.",
+    )
+    diversity_temperature: float = Field(
+        1.0,
+        gt=0.0,
+        le=100.0,
+        description="Sampling temperature of the diversity samples (greedy decoding has no "
+        "diversity); set the run's `searcher.temperature` to compare with training.",
+    )
     batch_size: int = Field(32, ge=1, le=65_536, description="Sequences per generate call.")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of sampling.")
     device: DeviceName = Field(

@@ -1,5 +1,6 @@
 """`tba eval`: evaluates a policy on a task's held-out prompts and reports the task's metrics
-(pass@1; win rate and perplexity; attack success rate and diversity) as a table and as JSON.
+(pass@1; win rate and perplexity; attack success rate and diversity), and for every task the
+diversity of each prompt's completions, as a table and as JSON.
 
 The policy is `[model]`: `tiny`, a model directory, a weight version folder fetched from the
 object store (the trainer publishes `from_pretrained` folders), or a hub name.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,13 +24,16 @@ from tba.settings import CommandSettings
 if TYPE_CHECKING:
     from tba.domain import Prompt
     from tba.eval.perplexity import ReferencePerplexity
-    from tba.eval.suites import Complete, EvalReport
+    from tba.eval.suites import Complete, DiversityDraw, EvalReport
     from tba.models.generate import GeneratedText
     from tba.tasks.base import Task
 
 HELP = "Evaluate a policy on a task's held-out prompts (pass@1, win rate, attack success)."
 log = logging.getLogger(__name__)
 
+
+# The policy's completer at a sampling temperature.
+Sampler = Callable[[float], "Complete"]
 
 SETTINGS = EvalRunSettings
 # Shown in `--help` as the example of `--set`.
@@ -76,17 +80,17 @@ def evaluate_policy(settings: EvalRunSettings) -> EvalReport:
     prompts = task.prompts(Split(e.split))[: e.limit]
     if not prompts:
         raise InvalidArgumentError(f"task {task.name} has no {e.split} prompts")
-    complete = policy_completer(settings)
+    sample = policy_sampler(settings)
     log.info("evaluating %s on %d %s prompts", settings.model.source, len(prompts), e.split)
     started = time.monotonic()
-    report = run_suite(task, prompts, complete, settings)
+    report = run_suite(task, prompts, sample, settings)
     # From the loaded policy on: the task's models load on first use, inside.
     report.metrics["eval/seconds"] = time.monotonic() - started
     return report
 
 
 def run_suite(
-    task: Task, prompts: list[Prompt], complete: Complete, settings: EvalRunSettings
+    task: Task, prompts: list[Prompt], sample: Sampler, settings: EvalRunSettings
 ) -> EvalReport:
     from tba.eval import suites
     from tba.tasks.preference import PreferenceTask
@@ -94,9 +98,11 @@ def run_suite(
 
     e = settings.eval
     n = e.samples_per_prompt
+    complete = sample(e.temperature)
+    draw = diversity_draw(e, sample)
     if isinstance(task, PreferenceTask):
         perplexity = reference_perplexity(e.reference_model, e) if e.reference_model else None
-        return suites.evaluate_preference(task, prompts, complete, n, e.split, perplexity)
+        return suites.evaluate_preference(task, prompts, complete, n, e.split, perplexity, draw)
     if isinstance(task, RedteamTask):
         from tba.models.device import pick_device
         from tba.tasks.embedding import load_embedder
@@ -104,13 +110,24 @@ def run_suite(
         device = pick_device(task.settings.device).type
         embedder = load_embedder(task.settings.embedding_model, device)
         return suites.evaluate_redteam(
-            task, prompts, complete, n, e.split, embedder, e.success_threshold
+            task, prompts, complete, n, e.split, embedder, e.success_threshold, draw
         )
-    return suites.evaluate_math(task, prompts, complete, n, e.split)
+    return suites.evaluate_math(task, prompts, complete, n, e.split, draw)
 
 
-def policy_completer(settings: EvalRunSettings) -> Complete:
-    """Completes prompt texts with the policy, `[eval]` temperature and length."""
+def diversity_draw(e: EvalSettings, sample: Sampler) -> DiversityDraw | None:
+    """Completions to draw for diversity alone; None when the scored completions are sampled
+    groups (measured as they are) or `diversity_samples` turns the draw off."""
+    from tba.eval.suites import DiversityDraw
+
+    if (e.samples_per_prompt >= 2 and e.temperature > 0) or e.diversity_samples < 2:
+        return None
+    return DiversityDraw(sample(e.diversity_temperature), e.diversity_samples, e.diversity_prompts)
+
+
+def policy_sampler(settings: EvalRunSettings) -> Sampler:
+    """Loads the policy once; the completer it gives for a temperature completes prompt
+    texts with the policy at that temperature and `[eval]` length."""
     from tba.models.generate import generate_texts
     from tba.models.loading import load_model
 
@@ -119,19 +136,22 @@ def policy_completer(settings: EvalRunSettings) -> Complete:
     _place(model, e.device, e.dtype)
     model.eval()
 
-    def complete(texts: Sequence[str]) -> list[GeneratedText]:
-        groups = generate_texts(
-            model,
-            tokenizer,
-            texts,
-            max_new_tokens=e.max_new_tokens,
-            temperature=e.temperature,
-            batch_size=e.batch_size,
-            seed=e.seed,
-        )
-        return [group[0] for group in groups]
+    def sample(temperature: float) -> Complete:
+        def complete(texts: Sequence[str]) -> list[GeneratedText]:
+            groups = generate_texts(
+                model,
+                tokenizer,
+                texts,
+                max_new_tokens=e.max_new_tokens,
+                temperature=temperature,
+                batch_size=e.batch_size,
+                seed=e.seed,
+            )
+            return [group[0] for group in groups]
 
-    return complete
+        return complete
+
+    return sample
 
 
 def reference_perplexity(source: str, e: EvalSettings) -> ReferencePerplexity:

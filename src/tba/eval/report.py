@@ -10,7 +10,7 @@ from typing import Any
 from tba.eval.suites import EvalReport
 
 SAMPLE_CHARS = 160
-COUNT_METRICS = frozenset({"eval/prompts", "eval/samples"})
+COUNT_METRICS = frozenset({"eval/prompts", "eval/samples", "eval/diversity_samples"})
 
 
 def print_report(report: EvalReport, model: str, show_samples: int) -> None:

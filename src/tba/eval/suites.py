@@ -4,7 +4,11 @@
 - preference: win rate of the policy's completions against the data set's reference
   completions under the gold reward model, and their perplexity under the reference model;
 - redteam: attack success rate (mean p(toxic) of the victim's answers above a threshold) and
-  diversity (mean pairwise cosine distance of the attacks' sentence embeddings).
+  diversity (mean pairwise cosine distance of the attacks' sentence embeddings);
+- every task: the diversity of each prompt's completions as the searchers measure it
+  (`tba.tasks.diversity`): distinct-answer ratio and mean pairwise distance, mean over
+  prompts, of the scored completions when they are sampled groups, else of a few completions
+  sampled for diversity alone (`DiversityDraw`).
 
 Generation, perplexity and embeddings are injected, so this module runs no model itself.
 """
@@ -15,11 +19,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from tba.domain import Prompt
 from tba.errors import InvalidArgumentError
 from tba.eval.metrics import mean, success_rate, win_rate
 from tba.tasks.base import Task
-from tba.tasks.diversity import mean_pairwise_cosine_distance
+from tba.tasks.diversity import (
+    final_answer,
+    group_diversity,
+    mean_diversity,
+    mean_pairwise_cosine_distance,
+)
 from tba.tasks.embedding import Embedder
 from tba.tasks.evaluate import evaluate
 from tba.tasks.preference import PreferenceTask
@@ -31,6 +43,9 @@ class Completed(Protocol):
 
     @property
     def text(self) -> str: ...
+
+    @property
+    def token_ids(self) -> list[int]: ...
 
     @property
     def finished(self) -> bool: ...
@@ -60,18 +75,35 @@ class EvalReport:
         }
 
 
+@dataclass(frozen=True)
+class DiversityDraw:
+    """Completions drawn for the diversity metrics alone, when the scored ones are greedy or
+    one per prompt: `samples` per prompt for the first `prompts` prompts, by `complete`
+    (which samples)."""
+
+    complete: Complete
+    samples: int
+    prompts: int
+
+
 def repeat(prompts: Sequence[Prompt], n: int) -> list[Prompt]:
     """Each prompt n times in a row: n completions each, in prompt order."""
     return [prompt for prompt in prompts for _ in range(n)]
 
 
 def evaluate_math(
-    task: Task, prompts: Sequence[Prompt], complete: Complete, n: int, split: str
+    task: Task,
+    prompts: Sequence[Prompt],
+    complete: Complete,
+    n: int,
+    split: str,
+    draw: DiversityDraw | None = None,
 ) -> EvalReport:
-    """pass@1: the mean reward of n completions per prompt (0/1 rewards)."""
-    result = evaluate(
-        task, repeat(prompts, n), lambda batch: [g.text for g in complete([p.text for p in batch])]
-    )
+    """pass@1: the mean reward of n completions per prompt (0/1 rewards), and diversity."""
+    rows = repeat(prompts, n)
+    generated = complete([p.text for p in rows])
+    # Completed before scoring, so that diversity sees their token ids too.
+    result = evaluate(task, rows, lambda _: [g.text for g in generated])
     samples = [
         {"prompt": r.prompt.text, "answer": r.prompt.answer, "completion": r.completion_text}
         | {"reward": r.reward}
@@ -82,6 +114,7 @@ def evaluate_math(
         "eval/prompts": float(len(prompts)),
         "eval/samples": float(result.count),
     }
+    metrics |= diversity_metrics(task, measured_groups(prompts, generated, n, draw))
     return EvalReport(task.name, split, len(prompts), metrics, samples)
 
 
@@ -92,9 +125,11 @@ def evaluate_preference(
     n: int,
     split: str,
     perplexity: Perplexity | None = None,
+    draw: DiversityDraw | None = None,
 ) -> EvalReport:
     """Win rate against the reference completions (prompt.answer) under the gold reward
-    model, gold rewards, the fraction of completions that ended, and perplexity if given."""
+    model, gold rewards, the fraction of completions that ended, perplexity if given, and
+    diversity."""
     missing = sum(not p.answer for p in prompts)
     if missing:
         raise InvalidArgumentError(
@@ -119,6 +154,7 @@ def evaluate_preference(
         "eval/prompts": float(len(prompts)),
         "eval/samples": float(len(rows)),
     }
+    metrics |= diversity_metrics(task, measured_groups(prompts, generated, n, draw))
     samples = [
         {"prompt": p.text, "reference": p.answer, "completion": g.text, "finished": g.finished}
         | {"gold_reward": gold, "reference_gold_reward": ref, "perplexity": ppl}
@@ -137,11 +173,13 @@ def evaluate_redteam(
     split: str,
     embedder: Embedder,
     threshold: float,
+    draw: DiversityDraw | None = None,
 ) -> EvalReport:
-    """Attack success rate, toxicity and reward, and the diversity of all attacks and of the
-    successful ones."""
+    """Attack success rate, toxicity and reward, the diversity of all attacks and of the
+    successful ones, and per prompt (embedding distances: attacks are embedded anyway)."""
     rows = repeat(prompts, n)
-    attacks = [g.text for g in complete([p.text for p in rows])]
+    generated = complete([p.text for p in rows])
+    attacks = [g.text for g in generated]
     outcomes = task.outcomes(attacks)
     toxicities = [o.toxicity for o in outcomes]
     embeddings = embedder.embed(attacks)
@@ -155,9 +193,54 @@ def evaluate_redteam(
         "eval/prompts": float(len(prompts)),
         "eval/samples": float(len(rows)),
     }
+    groups = measured_groups(prompts, generated, n, draw)
+    # The scored attacks' embeddings serve again; only drawn ones are embedded for this.
+    group_embeddings = embeddings if draw is None else embedder.embed(_texts(groups))
+    metrics |= diversity_metrics(task, groups, group_embeddings)
     samples = [
         {"prompt": p.text, "attack": attack, "answers": o.answers}
         | {"toxicity": o.toxicity, "reward": o.reward}
         for p, attack, o in zip(rows, attacks, outcomes, strict=True)
     ]
     return EvalReport(task.name, split, len(prompts), metrics, samples)
+
+
+def measured_groups(
+    prompts: Sequence[Prompt],
+    generated: Sequence[Completed],
+    n: int,
+    draw: DiversityDraw | None,
+) -> list[list[Completed]]:
+    """Each prompt's completions whose diversity is measured: `draw`'s when given, else the
+    scored ones (`generated`, n per prompt in a row)."""
+    if draw is not None:
+        n = draw.samples
+        rows = repeat(prompts[: draw.prompts], n)
+        generated = draw.complete([p.text for p in rows])
+    return [list(generated[i : i + n]) for i in range(0, len(generated), n)]
+
+
+def diversity_metrics(
+    task: object, groups: Sequence[Sequence[Completed]], embeddings: npt.ArrayLike | None = None
+) -> dict[str, float | None]:
+    """Distinct-answer ratio and mean pairwise distance (cosine of `embeddings`, one row per
+    completion in group order, else token bigrams), mean over the groups; and how many
+    completions were measured."""
+    vectors = None if embeddings is None else np.asarray(embeddings)
+    per_group = []
+    start = 0
+    for group in groups:
+        rows = None if vectors is None else vectors[start : start + len(group)]
+        answers = [final_answer(task, c.text) for c in group]
+        per_group.append(group_diversity(answers, [c.token_ids for c in group], rows))
+        start += len(group)
+    diversity = mean_diversity(per_group)
+    return {
+        "eval/distinct_answer_ratio": diversity.distinct_answer_ratio,
+        "eval/pairwise_distance": diversity.pairwise_distance,
+        "eval/diversity_samples": float(start),
+    }
+
+
+def _texts(groups: Sequence[Sequence[Completed]]) -> list[str]:
+    return [c.text for group in groups for c in group]
