@@ -17,9 +17,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tba.cli import main
 from tba.tasks.arithmetic import ArithmeticTask
 from tba.tasks.base import Split
-from tba.tasks.config import ArithmeticSettings
+from tba.tasks.config import ArithmeticSettings, Gsm8kSettings
 from tba.tasks.diversity import mean_pairwise_cosine_distance, normalised_text
 from tba.tasks.embedding import load_embedder
+from tba.tasks.gsm8k import Gsm8kTask
 from tests.fixtures.tiny_models import save_causal_lm, save_classifier, save_embedder, write_jsonl
 
 SHARED_GSM8K = Path(__file__).parents[2].parent / "shared" / "data" / "gsm8k"
@@ -79,6 +80,11 @@ def test_gsm8k_pass_at_1_with_samples(tmp_path):
     ][1::2]
     rewards = [s["reward"] for s in report["samples"]]
     assert report["metrics"]["eval/pass@1"] == sum(rewards) / 4
+    # Distinct answers are GSM8K's own: the last number of each completion.
+    task = Gsm8kTask(Gsm8kSettings(source=str(SHARED_GSM8K), limit=2))
+    answers = [task.final_answer(s["completion"]) for s in report["samples"]]
+    ratios = [len(set(answers[i : i + 2])) / 2 for i in (0, 2)]
+    assert report["metrics"]["eval/distinct_answer_ratio"] == sum(ratios) / 2
 
 
 def preference_args(tmp_path: Path, models: dict[str, Path], rows: list[dict[str, str]]) -> list:
