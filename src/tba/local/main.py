@@ -53,7 +53,12 @@ FLAGS = (
         metavar="MODEL",
     ),
     Flag("--task", "task.name", "task name (default: arithmetic)", metavar="TASK"),
-    Flag("--objective", "trainer.objective", "`tb` (default) or `rloo`", metavar="OBJECTIVE"),
+    Flag(
+        "--objective",
+        "trainer.objective",
+        "`tb` (default), `rloo`, `grpo` or `online_dpo`",
+        metavar="OBJECTIVE",
+    ),
 )
 
 

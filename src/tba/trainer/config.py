@@ -58,8 +58,18 @@ class TrainerSettings(Section):
         description="Deprecated: the sampling temperature is `[searcher] temperature`, which "
         "the trainer divides logits by. Accepted when equal to it; unset by default.",
     )
-    objective: Literal["tb", "rloo"] = Field(
-        "tb", description="`tb` (Trajectory Balance) or `rloo` (on-policy baseline)."
+    objective: Literal["tb", "rloo", "grpo", "online_dpo"] = Field(
+        "tb",
+        description="`tb` (Trajectory Balance), or a baseline on the same data: `rloo`, "
+        "`grpo` (group-normalised advantages, clipped ratio) or `online_dpo` (best vs worst "
+        "completion of each group); formulas in `tba.trainer.loss` and `tba.trainer.objectives`.",
+    )
+    grpo_clip_epsilon: float = Field(
+        0.2,
+        gt=0.0,
+        lt=1.0,
+        description="`grpo`: the ratio exp(log pi_theta - log pi_behaviour) is clipped to "
+        "[1 - epsilon, 1 + epsilon] in the surrogate.",
     )
     beta_start: float = Field(0.014, gt=0.0, le=1e4, description="KL coefficient at step 0.")
     beta_end: float = Field(
@@ -69,7 +79,10 @@ class TrainerSettings(Section):
         500, ge=0, le=10_000_000, description="Steps of linear beta anneal; 0 keeps beta_start."
     )
     importance_weights: bool = Field(
-        False, description="Weight each trajectory by its clipped importance ratio."
+        False,
+        description="`tb`, `rloo`: weight each trajectory by its clipped importance ratio. "
+        "Ignored, with a warning, by `grpo` (it clips its own ratio, `grpo_clip_epsilon`) and "
+        "`online_dpo`.",
     )
     importance_weight_min: float = Field(
         0.0, ge=0.0, le=1e6, description="Lower clip of exp(log pi_theta - log pi_behaviour)."

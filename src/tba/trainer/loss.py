@@ -20,7 +20,8 @@ pi_theta(y_j) / N.
 
 Both objectives split into per-trajectory constants that need the whole group (log Z, or the
 advantage: `baselines`) and per-trajectory terms (`terms`), so a micro-batch that holds only
-part of a group still computes exactly its share of the full-batch loss.
+part of a group still computes exactly its share of the full-batch loss. GRPO and online DPO,
+on the same split and data path, are in `tba.trainer.objectives` with their formulas.
 """
 
 from __future__ import annotations

@@ -63,7 +63,12 @@ FLAGS = (
         "append step metrics here as JSON lines",
         metavar="PATH",
     ),
-    Flag("--objective", "trainer.objective", "`tb` (default) or `rloo`", metavar="OBJECTIVE"),
+    Flag(
+        "--objective",
+        "trainer.objective",
+        "`tb` (default), `rloo`, `grpo` or `online_dpo`",
+        metavar="OBJECTIVE",
+    ),
 )
 
 
@@ -175,7 +180,12 @@ def next_base_version(checkpointed: int, *announced: Any) -> int:
 
 def build_objective(t: TrainerSettings) -> Objective:
     from tba.trainer.loss import ImportanceClip, Rloo, TrajectoryBalance
+    from tba.trainer.objectives import Grpo, OnlineDpo
 
+    if t.objective in ("grpo", "online_dpo"):
+        if t.importance_weights:
+            log.warning("trainer.importance_weights is ignored by objective %s", t.objective)
+        return Grpo(t.grpo_clip_epsilon) if t.objective == "grpo" else OnlineDpo()
     clip = None
     if t.importance_weights:
         clip = ImportanceClip(t.importance_weight_min, t.importance_weight_max)
