@@ -61,7 +61,7 @@ def one_step_of_the_trainer() -> dict[str, set[str]]:
     gradients = Gradients(
         loss=0.5, baseline_mean=1.0, policy_logprob=-3.0, kl=0.01, micro_batches=2, prepass=False
     )
-    result = StepResult(gradients, 0.9, 1e-5, 0.5, 12, 3, 1.0, 2.0)
+    result = StepResult(gradients, 0.9, 1e-5, 0.5, 12, 3, 1.0, 2.0, 2)
     sink = PrometheusSink(port=0)
     try:
         sink.write(1, step_metrics(result, beta=0.1, version=2, times=(0.5, 1.0, 0.25, 0.0)))

@@ -8,11 +8,11 @@ and `step_metrics`, what the loop logs of it. The loss is pure (`trainer.loss`);
 (`trainer.engine`) owns forward contexts, backward, clipping, the optimizer and collectives.
 
 The accumulated gradient equals that of the whole batch in one pass. Group constants (log Z,
-RLOO advantages) need every row of a group. When every group lies whole in one micro-batch
-(one process), each micro-batch computes them itself. Otherwise (a group split across
-micro-batches, or rows spread over data-parallel ranks) a no-grad pass first computes the
-policy log-prob of every row, the ranks exchange them, and the constants come from the whole
-batch; the gradient pass then uses those constants.
+RLOO and GRPO advantages, online DPO's pair losses) need every row of a group. When every
+group lies whole in one micro-batch (one process), each micro-batch computes them itself.
+Otherwise (a group split across micro-batches, or rows spread over data-parallel ranks) a
+no-grad pass first computes the policy log-prob of every row, the ranks exchange them, and
+the constants come from the whole batch; the gradient pass then uses those constants.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from tba.models.logprobs import sequence_logprobs
 from tba.trainer.collate import TrainBatch, collate, plan_micro_batches, shard_rows, splits_groups
 from tba.trainer.engine import TrainEngine
 from tba.trainer.loss import Objective, group_mean
+from tba.trainer.objectives import reward_spread_groups
 from tba.trainer.optim import RewardDecay
 from tba.trainer.reference import ReferenceResets
 
@@ -55,8 +56,9 @@ class Gradients:
     """What accumulating one batch's gradients measured (no optimizer step yet)."""
 
     loss: float
-    # Mean over groups of the objective's per-row constant (`Objective.baselines`): TB's
-    # log Z, RLOO's advantage (0 in every group of two or more); logged as trainer/log_z.
+    # Mean over groups of the objective's per-row constant (`Objective.baselines`), logged
+    # as trainer/log_z: TB's log Z. 0 by construction for the others (up to rounding): RLOO's
+    # and GRPO's advantages and online DPO's signed loss shares sum to 0 in every group.
     baseline_mean: float
     policy_logprob: float  # mean sequence log-prob under the policy
     kl: float  # mean of log pi_theta - log pi_ref per sequence
@@ -74,6 +76,9 @@ class StepResult:
     groups: int
     staleness_mean: float  # versions behind the newest the buffer has seen
     staleness_max: float
+    # Groups whose rewards are not all equal: online DPO's pairs; the groups where RLOO's and
+    # GRPO's advantages carry a reward signal.
+    reward_spread_groups: int
 
 
 def train_on_batch(
@@ -118,6 +123,7 @@ def train_on_batch(
         groups=train.inputs.num_groups,
         staleness_mean=float(staleness.mean()),
         staleness_max=float(staleness.max()),
+        reward_spread_groups=reward_spread_groups(train.inputs),
     )
 
 
@@ -230,6 +236,7 @@ def step_metrics(
         "trainer/reward_mean": result.reward_mean,
         "trainer/samples": float(result.samples),
         "trainer/groups": float(result.groups),
+        "trainer/reward_spread_groups": float(result.reward_spread_groups),
         "trainer/micro_batches": float(g.micro_batches),
         "trainer/samples_per_s": result.samples / step_s if step_s > 0 else 0.0,
         "trainer/staleness_mean": result.staleness_mean,
