@@ -28,6 +28,7 @@ from tba.trainer.config import OptimSettings, TrainerSettings
 from tba.trainer.engine import LocalEngine
 from tba.trainer.loop import TrainerLoop
 from tba.trainer.loss import ImportanceClip, Objective, Rloo, TrajectoryBalance
+from tba.trainer.objectives import Grpo, OnlineDpo
 from tba.trainer.publish import PublishProgress
 from tba.trainer.reference import ReferenceResets
 
@@ -171,6 +172,15 @@ CASES = {
     "rloo-importance": Case(
         Rloo(CLIP), 3, golden(-0.492203950881958, 0.0, -0.5941353374057345, 6.258261203765869)
     ),
+    # Recorded when GRPO and online DPO came in (issue 17; their values by hand are in
+    # test_trainer_objectives.py), with micro-batches of 3 that split the group of 4. Their
+    # `trainer/log_z` is 0 by construction, as RLOO's.
+    "grpo": Case(
+        Grpo(0.2), 3, golden(0.3980166018009186, 0.0, -0.5941353374057345, 7.974579334259033)
+    ),
+    "online_dpo": Case(
+        OnlineDpo(), 3, golden(0.2226649969816208, 0.0, -0.5941353374057345, 1.2991526126861572)
+    ),
     # The second step, after a reset to the policy of step 1: reference log-probs are
     # recomputed (KL ~ 0), after a clipped AdamW step.
     "tb-after-reset": Case(
@@ -193,3 +203,4 @@ def test_first_step_matches_the_golden_values(name):
     got = {key: values[key] for key in GOLDEN_KEYS}
     # abs: KL after a reset and RLOO's mean advantage are zero up to float32 rounding.
     assert got == pytest.approx(case.golden, rel=1e-5, abs=1e-6)
+    assert values["trainer/reward_spread_groups"] == 3  # every group has mixed rewards
