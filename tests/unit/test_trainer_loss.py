@@ -154,3 +154,28 @@ def test_linear_beta_schedule():
     assert beta_at(9000, 0.014, 0.004, 500) == pytest.approx(0.004)
     assert beta_at(7, 0.05, 0.01, 0) == 0.05
     assert math.isclose(beta_at(1, 1.0, 0.0, 4), 0.75)
+
+
+@pytest.mark.parametrize(
+    ("step", "expected"),
+    [
+        (0, 1.0),  # the metrics' step 1: beta_start
+        (16, 0.88125),  # 1 - 0.95 * 16 / 128, on the line towards step 128
+        (30, 0.77734375),  # 1 - 0.95 * 30 / 128: the last step before the cut
+        (31, 0.05),  # the metrics' step 32: cut to beta_end
+        (64, 0.05),  # where the line alone would give 0.525
+        (500, 0.05),
+    ],
+)
+def test_tldr_beta_schedule_anneals_towards_step_128_and_cuts_at_step_32(step, expected):
+    assert beta_at(step, 1.0, 0.05, 128, cut_step=32) == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_beta_cut_without_an_anneal_or_after_it_and_no_cut():
+    assert [beta_at(s, 0.5, 0.1, 0, cut_step=3) for s in range(4)] == [0.5, 0.5, 0.1, 0.1]
+    # A cut after the anneal's end changes nothing.
+    assert beta_at(3, 1.0, 0.0, 4, cut_step=10) == pytest.approx(0.25)
+    assert beta_at(4, 1.0, 0.0, 4, cut_step=10) == 0.0
+    # cut_step 1: beta_end from the first step; 0: never cut.
+    assert beta_at(0, 1.0, 0.0, 4, cut_step=1) == 0.0
+    assert beta_at(2, 1.0, 0.0, 4, cut_step=0) == pytest.approx(0.5)

@@ -73,10 +73,18 @@ class TrainerSettings(Section):
     )
     beta_start: float = Field(0.014, gt=0.0, le=1e4, description="KL coefficient at step 0.")
     beta_end: float = Field(
-        0.004, gt=0.0, le=1e4, description="KL coefficient after `beta_anneal_steps`."
+        0.004, gt=0.0, le=1e4, description="KL coefficient after `beta_anneal_steps` (or the cut)."
     )
     beta_anneal_steps: int = Field(
         500, ge=0, le=10_000_000, description="Steps of linear beta anneal; 0 keeps beta_start."
+    )
+    beta_cut_step: int = Field(
+        0,
+        ge=0,
+        le=10_000_000,
+        description="From this step on (counted from 1, as the metrics log steps) beta is "
+        "`beta_end`, wherever the anneal is; 0 never cuts. The paper's TL;DR: 1 -> 0.05 "
+        "annealed over 128 steps, cut at step 32.",
     )
     importance_weights: bool = Field(
         False,

@@ -116,7 +116,9 @@ class TrainerLoop:
         # Draw: rank 0 waits for enough prompt groups; every rank trains on its batch.
         batch = self.next_batch()
         waited = self.clock.monotonic()
-        beta = beta_at(self.state.step, s.beta_start, s.beta_end, s.beta_anneal_steps)
+        beta = beta_at(
+            self.state.step, s.beta_start, s.beta_end, s.beta_anneal_steps, s.beta_cut_step
+        )
         # Train: collate, reference and policy log-probs, loss, backward, optimizer step.
         result = train_on_batch(
             batch,

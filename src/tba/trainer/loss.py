@@ -63,8 +63,16 @@ class ImportanceClip:
     max_weight: float
 
 
-def beta_at(step: int, beta_start: float, beta_end: float, anneal_steps: int) -> float:
-    """Linear anneal from `beta_start` at step 0 to `beta_end` at `anneal_steps`, then flat."""
+def beta_at(
+    step: int, beta_start: float, beta_end: float, anneal_steps: int, cut_step: int = 0
+) -> float:
+    """Beta of the step after `step` steps (0-based, so the metrics' step `step + 1`): linear
+    from `beta_start` at step 0 to `beta_end` at `anneal_steps`, then flat; from the metrics'
+    step `cut_step` on (`step + 1 >= cut_step`), `beta_end` at once, however far the anneal
+    has gone (0: no cut). The paper's TL;DR run anneals 1 -> 0.05 towards step 128 and cuts at
+    step 32, as its reference code does (`kl_coef_decay_stop_iter`, steps counted from 1)."""
+    if 0 < cut_step <= step + 1:
+        return beta_end
     if anneal_steps <= 0:
         return beta_start
     fraction = min(max(step, 0), anneal_steps) / anneal_steps
