@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -36,9 +37,12 @@ def client(buffer_address):
         yield c
 
 
-def add_searcher_round(client: BufferClient, prompts: int = 4, per_prompt: int = 4) -> None:
+def add_searcher_round(
+    client: BufferClient, prompts: int = 4, per_prompt: int = 4, run_id: str = ""
+) -> None:
     """What a searcher adds for the starting policy (version 0): distinct completions with
-    their reference and behaviour log-probs under the trainer's own starting weights."""
+    their reference and behaviour log-probs under the trainer's own starting weights (tagged
+    with `run_id` once a trainer has registered a run)."""
     tokenizer, model = load_policy(MODEL, seed=0)
     ids = client.put_prompts([Prompt(f"q{i}", f"{i}+{i}=", str(2 * i)) for i in range(prompts)])
     gen = torch.Generator().manual_seed(5)
@@ -66,13 +70,29 @@ def add_searcher_round(client: BufferClient, prompts: int = 4, per_prompt: int =
             )
             for j, (c, lp) in enumerate(zip(completions, logp, strict=True))
         ]
-        client.add_trajectories(trajectories, searcher_id="s1", request_id=new_request_id())
+        client.add_trajectories(
+            trajectories, searcher_id="s1", request_id=new_request_id(), run_id=run_id
+        )
 
 
 def run_trainer(
     address: str, root: Path, steps: int, launcher: list[str] | None = None, **settings: object
 ) -> list[dict]:
     """Runs `tba trainer run` (under `launcher` if given) and returns its metrics lines."""
+    command = trainer_command(address, root, steps, launcher, **settings)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, timeout=540, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return metrics_lines(root)
+
+
+def metrics_lines(root: Path) -> list[dict]:
+    return [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines()]
+
+
+def trainer_command(
+    address: str, root: Path, steps: int, launcher: list[str] | None = None, **settings: object
+) -> list[str]:
     prefix = launcher or [sys.executable, "-m"]
     command = [*prefix, "tba", "trainer", "run", "--buffer", address, "--steps", str(steps)]
     command += ["--store", f"file://{root / 'store'}", "--checkpoint-dir", str(root / "ckpt")]
@@ -95,11 +115,7 @@ def run_trainer(
         **settings,
     }.items():
         command += ["--set", f"{key}={value}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, timeout=540, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    lines = (root / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
+    return command
 
 
 def free_port() -> int:
@@ -151,6 +167,63 @@ def test_trainer_trains_from_the_buffer_publishes_and_resumes(
         "step-00000004",
         "step-00000006",
     ]
+
+
+def start_trainer(address: str, root: Path, steps: int, **settings: object) -> subprocess.Popen:
+    """`tba trainer run` in the background, its output in root/trainer.log."""
+    root.mkdir(parents=True, exist_ok=True)
+    command = trainer_command(address, root, steps, **settings)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with (root / "trainer.log").open("w") as log:
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_for_log(root: Path, text: str, trainer: subprocess.Popen, timeout_s: float = 120) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and trainer.poll() is None:
+        log = (root / "trainer.log").read_text()
+        if text in log:
+            return log
+        time.sleep(0.2)
+    raise AssertionError(f"no {text!r} in the trainer's log:\n{(root / 'trainer.log').read_text()}")
+
+
+def test_a_fresh_trainer_waits_for_the_initial_fill_then_trains(client, buffer_address, tmp_path):
+    trainer = start_trainer(
+        buffer_address, tmp_path, steps=2, **{"trainer.initial_buffer_completions": 16}
+    )
+    try:
+        wait_for_log(tmp_path, "waiting for the initial buffer fill: 0 of 16", trainer)
+        stats = client.stats()
+        assert stats.run is not None and stats.trajectories == 0
+        add_searcher_round(client, prompts=4, per_prompt=4, run_id=stats.run.run_id)
+        assert trainer.wait(timeout=300) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+    finally:
+        trainer.kill()
+    metrics = metrics_lines(tmp_path)
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert metrics[0]["trainer/initial_fill_completions"] == 16
+    assert metrics[0]["time/initial_fill_s"] > 0
+    # Resumed past step 0 (its checkpoint at step 2): no wait, however full the buffer.
+    resumed = run_trainer(
+        buffer_address, tmp_path, steps=3, **{"trainer.initial_buffer_completions": 1000}
+    )
+    assert [m["step"] for m in resumed] == [0, 1, 2, 3]
+
+
+def test_a_shutdown_while_waiting_for_the_initial_fill_exits_cleanly(buffer_address, tmp_path):
+    trainer = start_trainer(
+        buffer_address, tmp_path, steps=2, **{"trainer.initial_buffer_completions": 10_000}
+    )
+    try:
+        wait_for_log(tmp_path, "waiting for the initial buffer fill: 0 of 10000", trainer)
+        trainer.send_signal(signal.SIGTERM)
+        assert trainer.wait(timeout=60) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+    finally:
+        trainer.kill()
+    log = (tmp_path / "trainer.log").read_text()
+    assert "trainer stopped before its first step" in log and "Traceback" not in log
+    assert metrics_lines(tmp_path) == [] and list((tmp_path / "ckpt").glob("step-*")) == []
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ def test_defaults_follow_the_paper_gsm8k_settings():
     t = settings.trainer
     assert (t.num_prompts, t.samples_per_prompt, t.recency_probability) == (7, 20, 0.95)
     assert (t.beta_start, t.beta_end, t.beta_anneal_steps) == (0.014, 0.004, 500)
-    assert t.beta_cut_step == 0  # no cut
+    assert t.beta_cut_step == 0 and t.initial_buffer_completions == 0  # no cut, no wait
     assert t.publish_every_steps == 2 and t.objective == "tb"
     assert settings.objectstore.uri.startswith("file://")
 

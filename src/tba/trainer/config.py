@@ -37,6 +37,15 @@ class TrainerSettings(Section):
         le=4096,
         description="Fewest groups a batch needs; smaller draws wait for the buffer to fill.",
     )
+    initial_buffer_completions: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="Before its first step a fresh run waits until the buffer holds this many "
+        "completions (a run resumed past step 0 does not wait); 0 off. Keep it within what "
+        "the buffer can hold (`[buffer] capacity`, and per prompt `prompt_history`) or the "
+        "wait never ends. Paper: 500 (GSM8K), 10,000 (TL;DR).",
+    )
     recency_probability: float = Field(
         0.95, ge=0.0, le=1.0, description="m: probability a group is drawn by recency."
     )

@@ -2,9 +2,10 @@
 weights every k steps, checkpoint every n, log the step's metrics.
 
 Collaborators are injected: a `BatchSource` (the buffer client's `sample`), a
-`WeightPublisher`, a `MetricsSink`, a `Clock`, the `TrainEngine` and an optional
-`Checkpointer`. Every phase is timed (`time/wait_data_s`, `time/compute_s`,
-`time/publish_s`, `time/checkpoint_s`). Under data parallelism every rank runs this loop; rank
+`WeightPublisher`, a `MetricsSink`, a `Clock`, the `TrainEngine`, an optional
+`Checkpointer` and an optional `InitialFill`. Every phase is timed (`time/wait_data_s`,
+`time/compute_s`, `time/publish_s`, `time/checkpoint_s`; the initial fill, once, at step 0:
+`time/initial_fill_s`). Under data parallelism every rank runs this loop; rank
 0 draws the batch and the others receive it.
 
 Publishing in the background, the publish phase only takes a snapshot of the weights
@@ -28,6 +29,7 @@ from tba.domain import Batch, SampleSpec, TrainerReport, WeightVersion
 from tba.trainer.checkpoint import Checkpointer, LoopState
 from tba.trainer.config import TrainerSettings
 from tba.trainer.engine import TrainEngine
+from tba.trainer.fill import InitialFill
 from tba.trainer.loss import Objective, beta_at
 from tba.trainer.metrics import MetricsSink
 from tba.trainer.optim import RewardDecay
@@ -82,31 +84,56 @@ class TrainerLoop:
     report: TrainerReport | None = None
     # The step whose weights were last handed to the publisher (None: state.published_step).
     handed_step: int | None = None
+    # The wait before a fresh run's first step (`initial_buffer_completions`); None: none.
+    initial_fill: InitialFill | None = None
 
     def run(self) -> LoopState:
         """Trains until `settings.steps`; publishes and checkpoints the final state. Raises
         PublishFailedError (after the checkpoint) if the final weights could not be
-        published."""
+        published. A shutdown during the initial fill ends the run before its first step,
+        with nothing trained, published or checkpointed beyond the starting weights."""
         try:
+            # The starting weights, so that searchers tag their first rounds with a version.
             if self.settings.publish_initial and self._handed() < 0:
                 self.publish()
-            while self.state.step < self.settings.steps:
-                self.train_step()
-            if self._handed() != self.state.step:
-                self.publish()
-            self._absorb(self.publisher.drain())
-            if self.checkpointer is not None:
-                self.checkpointer.save(self.state, self.reference)
+            # Initial fill: a fresh run waits until the buffer holds enough completions.
+            filled = self.wait_for_initial_fill()
+            if filled:
+                self.train()
         except BaseException:
             self.publisher.close(wait=False)
             raise
         self.publisher.close()
-        if self.engine.rank == 0 and self.state.published_step != self.state.step:
+        if filled and self.engine.rank == 0 and self.state.published_step != self.state.step:
             raise PublishFailedError(
                 f"the weights of the final step {self.state.step} were not published "
                 f"(the newest version announced is {self.state.version})"
             )
         return self.state
+
+    def wait_for_initial_fill(self) -> bool:
+        """Rank 0 waits for the initial fill (a fresh run only: one resumed past step 0 goes on
+        at once) and logs its time at step 0 (`time/initial_fill_s`); every rank learns
+        whether the buffer filled (True) or a shutdown ended the wait (False)."""
+        if self.initial_fill is None or self.state.step > 0:
+            return True
+        started = self.clock.monotonic()
+        held = self.initial_fill.wait() if self.engine.rank == 0 else None
+        filled = self.engine.broadcast(held is not None)
+        if held is not None:
+            values = {"time/initial_fill_s": self.clock.monotonic() - started}
+            self.metrics.write(0, {**values, "trainer/initial_fill_completions": float(held)})
+        return filled
+
+    def train(self) -> None:
+        """Steps until `settings.steps`, then publishes and checkpoints the final state."""
+        while self.state.step < self.settings.steps:
+            self.train_step()
+        if self._handed() != self.state.step:
+            self.publish()
+        self._absorb(self.publisher.drain())
+        if self.checkpointer is not None:
+            self.checkpointer.save(self.state, self.reference)
 
     def train_step(self) -> dict[str, float]:
         """One step, each phase timed: draw a batch, train on it (`trainer.step`), publish

@@ -11,7 +11,12 @@ One process by default. Data parallel with DeepSpeed ZeRO under its launcher, e.
 from __future__ import annotations
 
 import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from tba.cli import Flag
@@ -24,6 +29,7 @@ from tba.trainer.config import (
 
 if TYPE_CHECKING:
     from tba.trainer.engine import TrainEngine
+    from tba.trainer.fill import InitialFill, StatsSource
     from tba.trainer.loop import TrainerLoop
     from tba.trainer.loss import Objective
     from tba.trainer.metrics import FanOut
@@ -83,7 +89,10 @@ def run(settings: CommandSettings) -> None:
         raise SystemExit(f"trainer refused by the buffer: {exc}") from exc
     try:
         state = loop.run()
-        log.info("trainer done: step %d, weight version %d", state.step, state.version)
+        if state.step < settings.trainer.steps:
+            log.info("trainer stopped before its first step (the initial buffer fill)")
+        else:
+            log.info("trainer done: step %d, weight version %d", state.step, state.version)
     finally:
         loop.metrics.close()
 
@@ -158,7 +167,35 @@ def build_loop(settings: TrainerRunSettings) -> TrainerLoop:
         log_every_steps=settings.metrics.log_every_steps,
         state=state,
         reward_decay=reward_decay,
+        initial_fill=build_initial_fill(t, client),
     )
+
+
+def build_initial_fill(t: TrainerSettings, client: StatsSource) -> InitialFill | None:
+    """The wait for `initial_buffer_completions` (None: off); SIGTERM and Ctrl-C end it."""
+    from tba.trainer.fill import InitialFill
+
+    if t.initial_buffer_completions == 0:
+        return None
+    return InitialFill(client, t.initial_buffer_completions, t.data_poll_s, stop_scope=signals_stop)
+
+
+@contextmanager
+def signals_stop() -> Iterator[threading.Event]:
+    """An event SIGTERM and Ctrl-C set while inside (instead of ending the process), so a wait
+    can end cleanly; the previous handlers come back on leaving."""
+    stop = threading.Event()
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def build_metrics(settings: TrainerRunSettings, rank: int, run_id: str) -> FanOut:
