@@ -56,12 +56,14 @@ def test_secrets_go_by_environment_never_into_files(tmp_path):
 
 def test_sync_mode_is_on_policy(tmp_path):
     settings = _settings(tmp_path, mode="sync", searchers=2)
+    settings.trainer.initial_buffer_completions = 500
     children.apply_mode(settings)
     trainer, searcher = settings.trainer, settings.searcher
     assert trainer.publish_every_steps == 1
     assert trainer.recency_probability == 1.0
     assert trainer.max_age_versions == 0
     assert trainer.min_batch_prompts == trainer.num_prompts
+    assert trainer.initial_buffer_completions == 0
     assert searcher.one_round_per_version and searcher.min_version == 1
     assert searcher.prompts_per_round * 2 >= trainer.num_prompts
 

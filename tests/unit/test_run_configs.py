@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,6 +35,7 @@ def load(path: Path, command: tuple[str, ...]):
 def test_one_file_per_setup_and_a_cpu_variant_of_each_paper_setup():
     names = sorted(path.stem for path in FILES)
     expected = PAPER_SETUPS + [f"{setup}-cpu" for setup in PAPER_SETUPS] + ["arithmetic-demo"]
+    expected += ["gsm8k-rhomath-1b-figure1"]  # Figure 1's run, a variant of Table 2's
     assert names == sorted(expected)
     assert all(path.suffix == ".toml" for path in CONFIGS.rglob("*") if path.is_file())
 
@@ -73,23 +76,93 @@ def test_cpu_variants_use_tiny_models_and_local_data(path, monkeypatch):
     check_inputs(settings, str(path))
 
 
-def test_the_paper_hyperparameters():
-    gsm8k = load(CONFIGS / "gsm8k-rhomath-1b.toml", ("trainer", "run"))
-    assert (gsm8k.trainer.num_prompts, gsm8k.trainer.samples_per_prompt) == (7, 20)
-    assert (gsm8k.optim.lr, gsm8k.optim.schedule) == (1e-5, "wsd")
-    assert (gsm8k.trainer.recency_probability, gsm8k.trainer.publish_every_steps) == (0.95, 2)
-    assert (gsm8k.trainer.beta_start, gsm8k.trainer.beta_end) == (0.014, 0.004)
-    assert (gsm8k.temperature, gsm8k.searcher.max_new_tokens) == (0.7, 512)
-    assert gsm8k.searcher.samples_per_prompt == 24
-    tldr = load(CONFIGS / "tldr-pythia.toml", ("trainer", "run"))
-    assert (tldr.trainer.num_prompts, tldr.trainer.samples_per_prompt) == (8, 20)
-    assert (tldr.optim.lr, tldr.trainer.recency_probability) == (3e-6, 0.5)
-    assert tldr.trainer.publish_every_steps == 10 and tldr.trainer.reward_temperature
-    assert tldr.searcher.max_new_tokens == 128
-    redteam = load(CONFIGS / "redteam-gpt2.toml", ("trainer", "run"))
-    assert (redteam.trainer.beta_start, redteam.trainer.beta_end) == (0.05, 0.05)
-    assert (redteam.trainer.publish_every_steps, redteam.trainer.recency_probability) == (10, 0.5)
-    assert load(CONFIGS / "redteam-gpt2.toml", ("buffer", "serve")).buffer.capacity == 100_000
+TABLE_2 = {
+    "model.dtype": "bf16",
+    "task.gsm8k.template": "[MATH TASK] Problem:\n{question}\n\nSolution:\n",
+    "trainer.steps": 1000,
+    "trainer.num_prompts": 7,
+    "trainer.samples_per_prompt": 20,
+    "trainer.min_batch_prompts": 7,
+    "trainer.initial_buffer_completions": 500,
+    "trainer.recency_probability": 0.95,
+    "trainer.reward_temperature": None,  # uniform
+    "trainer.publish_every_steps": 2,
+    "trainer.beta_start": 0.012,
+    "trainer.beta_end": 0.004,
+    "trainer.beta_anneal_steps": 500,
+    "trainer.beta_cut_step": 500,
+    "optim.lr": 1e-5,
+    "optim.schedule": "wsd",
+    "optim.warmup_steps": 50,
+    "optim.decay_steps": 500,  # after 1,000 - 50 - 500 = 450 stable steps
+    "searcher.samples_per_prompt": 24,
+    "searcher.temperature": 0.7,
+    "searcher.max_new_tokens": 512,
+    "searcher.max_prompt_tokens": 512,
+}
+PAPER_TABLES = {
+    "gsm8k-rhomath-1b": TABLE_2,
+    "gsm8k-rhomath-1b-figure1": {**TABLE_2, "trainer.steps": 700, "trainer.beta_start": 0.014},
+    "tldr-pythia": {
+        "model.dtype": "fp32",
+        "task.preference.unfinished_reward": -1.0,
+        "trainer.steps": 256,
+        "trainer.num_prompts": 8,
+        "trainer.samples_per_prompt": 20,
+        "trainer.initial_buffer_completions": 10_000,
+        "trainer.recency_probability": 0.5,
+        "trainer.reward_temperature": 1.0,  # softmax of reward, inverse temperature 1
+        "trainer.publish_every_steps": 10,
+        "trainer.beta_start": 1.0,
+        "trainer.beta_end": 0.05,
+        "trainer.beta_anneal_steps": 128,
+        "trainer.beta_cut_step": 32,
+        "optim.lr": 3e-6,
+        "optim.schedule": "wsd",  # no warmup, decay over every step: linear decay
+        "optim.warmup_steps": 0,
+        "optim.decay_steps": 256,
+        "searcher.samples_per_prompt": 20,
+        "searcher.temperature": 0.7,
+        "searcher.max_new_tokens": 128,
+        "searcher.max_prompt_tokens": 512,
+    },
+    "redteam-gpt2": {
+        "buffer.capacity": 100_000,
+        "trainer.steps": 5000,
+        "trainer.beta_start": 0.05,
+        "trainer.beta_end": 0.05,
+        "trainer.recency_probability": 0.5,
+        "trainer.reward_temperature": 1.0,  # reward-prioritised
+        "trainer.publish_every_steps": 10,
+        "trainer.batch": 128,  # num_prompts x samples_per_prompt
+    },
+}
+
+
+def printed_settings(path: Path) -> dict[str, Any]:
+    """What `tba trainer run --config PATH --print-config` prints, and `[buffer]` as `tba
+    buffer serve` prints it, flattened to dotted keys."""
+    printed = tomllib.loads(load(path, ("trainer", "run")).to_toml())
+    printed["buffer"] = tomllib.loads(load(path, ("buffer", "serve")).to_toml())["buffer"]
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, table: dict[str, Any]) -> None:
+        for key, value in table.items():
+            if isinstance(value, dict):
+                walk(f"{prefix}{key}.", value)
+            else:
+                flat[f"{prefix}{key}"] = value
+
+    walk("", printed)
+    flat["trainer.batch"] = flat["trainer.num_prompts"] * flat["trainer.samples_per_prompt"]
+    return flat
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_TABLES))
+def test_each_paper_file_prints_its_tables_values(name):
+    printed = printed_settings(CONFIGS / f"{name}.toml")
+    shown = {key: printed.get(key) for key in PAPER_TABLES[name]}
+    assert shown == PAPER_TABLES[name]
 
 
 def test_evaluation_reads_the_same_file_with_its_own_decoding():

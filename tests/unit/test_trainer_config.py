@@ -91,3 +91,11 @@ def test_the_deprecated_trainer_temperature_is_accepted_when_it_agrees():
 def test_the_trainer_reads_the_runs_task():
     settings = load_settings(TrainerRunSettings, overrides={"task.name": "gsm8k"})
     assert settings.task.name == "gsm8k"
+
+
+def test_a_batch_cannot_need_more_groups_than_it_draws():
+    with pytest.raises(ValidationError, match="min_batch_prompts must be at most num_prompts"):
+        load_settings(
+            TrainerRunSettings,
+            overrides={"trainer.num_prompts": "2", "trainer.min_batch_prompts": "3"},
+        )

@@ -50,6 +50,9 @@ def apply_mode(settings: LocalRunSettings) -> None:
     trainer.recency_probability = 1.0
     trainer.max_age_versions = 0
     trainer.min_batch_prompts = trainer.num_prompts
+    # No initial fill: the searchers generate one round per version, so a fill beyond one
+    # round would never come before the first step.
+    trainer.initial_buffer_completions = 0
     searcher.one_round_per_version = True
     searcher.min_version = 1  # the first version the trainer publishes, before any step
     # Together the searchers generate at least one whole batch per version.

@@ -158,6 +158,9 @@ class TrainerSettings(Section):
     def _check_bounds(self) -> TrainerSettings:
         if self.importance_weight_min >= self.importance_weight_max:
             raise ValueError("importance_weight_min must be below importance_weight_max")
+        if self.min_batch_prompts > self.num_prompts:
+            # No draw of num_prompts groups ever holds more: the trainer would wait forever.
+            raise ValueError("min_batch_prompts must be at most num_prompts")
         return self
 
 
