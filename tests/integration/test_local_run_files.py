@@ -3,11 +3,14 @@ this machine: a few trainer steps, every service on the file's model and task.""
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from tba.trainer.config import TrainerSettings
+from tba.trainer.loss import beta_at
 from tests.fixtures.local_run import run_local
 
 REPO = Path(__file__).parents[2]
@@ -32,3 +35,21 @@ def test_tba_local_runs_the_run_file(tmp_path, monkeypatch, name):
     assert trainer["model"]["source"] == searcher["model"]["source"]
     assert trainer["task"] == searcher["task"]
     assert trainer["searcher"]["temperature"] == searcher["searcher"]["temperature"]
+    check_fill_and_beta(
+        result.run_dir, TrainerSettings(**tomllib.loads(config.read_text())["trainer"])
+    )
+
+
+def check_fill_and_beta(run_dir: Path, t: TrainerSettings) -> None:
+    """The file's initial fill came first (a row at step 0), then each step's beta is the
+    schedule's, through its cut (the TL;DR variant cuts at step 2)."""
+    lines = (run_dir / "metrics" / "trainer.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    if t.initial_buffer_completions:
+        fill, rows = rows[0], rows[1:]
+        assert fill["step"] == 0
+        assert fill["trainer/initial_fill_completions"] >= t.initial_buffer_completions
+    schedule = (t.beta_start, t.beta_end, t.beta_anneal_steps, t.beta_cut_step)
+    assert [r["trainer/beta"] for r in rows] == pytest.approx(
+        [beta_at(r["step"] - 1, *schedule) for r in rows]
+    )
