@@ -3,7 +3,8 @@ from pydantic import ValidationError
 
 from tba.domain import WeightVersion
 from tba.settings import load_settings
-from tba.trainer.config import TrainerRunSettings
+from tba.trainer.config import TrainerRunSettings, TrainerSettings
+from tba.trainer.loop import target_temperatures
 from tba.trainer.loss import Rloo, TrajectoryBalance
 from tba.trainer.main import build_objective, next_base_version
 
@@ -99,3 +100,22 @@ def test_a_batch_cannot_need_more_groups_than_it_draws():
             TrainerRunSettings,
             overrides={"trainer.num_prompts": "2", "trainer.min_batch_prompts": "3"},
         )
+
+
+def test_prior_and_target_temperatures_follow_their_schedules():
+    t = TrainerSettings(
+        prior_temperature_end=1.2,
+        prior_temperature_anneal_steps=2000,
+        target_temperature_start=2.0,
+        target_temperature_anneal_steps=1000,
+    )
+    assert target_temperatures(t, 0) == (1.0, 2.0)
+    assert target_temperatures(t, 500) == pytest.approx((1.05, 1.5))
+    assert target_temperatures(t, 3000) == pytest.approx((1.2, 1.0))
+    assert target_temperatures(TrainerSettings(), 123) == (1.0, 1.0)
+
+
+def test_temperatures_of_the_target_are_tbs_alone():
+    with pytest.raises(ValidationError, match="objective = tb"):
+        TrainerSettings(objective="rloo", target_temperature_start=2.0)
+    assert TrainerSettings(objective="grpo").objective == "grpo"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,11 +13,15 @@ from tba.trainer.loss import (
     LossInputs,
     Objective,
     Rloo,
+    TbTarget,
     TrajectoryBalance,
     beta_at,
     importance_weights,
+    ramp_at,
     rloo_advantages,
+    tb_delta,
     tb_log_z,
+    tb_target,
 )
 
 
@@ -179,3 +184,61 @@ def test_a_beta_cut_without_an_anneal_or_after_it_and_no_cut():
     # cut_step 1: beta_end from the first step; 0: never cut.
     assert beta_at(0, 1.0, 0.0, 4, cut_step=1) == 0.0
     assert beta_at(2, 1.0, 0.0, 4, cut_step=0) == pytest.approx(0.5)
+
+
+def test_prior_weight_by_hand():
+    # beta = 0.5, prior weight c = 0.5; group 0 holds rows 0-1, group 1 row 2.
+    #   delta = logp - c ref - r / beta = [-1 + 0.5 - 2, -2 + 1.5 - 0 | -3 + 1 - 2]
+    #         = [-2.5, -0.5 | -4];  log Z = [1.5 | 4];  residuals = [-1, 1 | 0]
+    #   L = (1 + 1 + 0) / 3 = 2/3;  dL/dlogp = 2 * residual / N = [-2/3, 2/3, 0]
+    case = dataclasses.replace(
+        inputs(ref=[-1.0, -3.0, -2.0], reward=[1.0, 0.0, 1.0], groups=[0, 0, 1]),
+        prior_weight=0.5,
+    )
+    logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
+    loss = full_batch_loss(TrajectoryBalance(), logp, case, beta=0.5)
+    loss.backward()
+    assert tb_log_z(logp.detach(), case, beta=0.5).tolist() == pytest.approx([1.5, 4.0])
+    assert loss.item() == pytest.approx(2 / 3)
+    assert logp.grad is not None
+    assert logp.grad.tolist() == pytest.approx([-2 / 3, 2 / 3, 0.0])
+    # The default weight 1 is the unweighted target: delta = [-2, 1 | -3], L = 1.5.
+    unweighted = dataclasses.replace(case, prior_weight=1.0)
+    assert full_batch_loss(TrajectoryBalance(), logp, unweighted, 0.5).item() == 1.5
+
+
+def test_tb_target_is_lee_et_al_prior_and_target_temperatures():
+    # gamma 1.25, T 2: c = 1 / (1.25 * 2) = 0.4 and beta 0.5 * 2 = 1.
+    target = tb_target(0.5, prior_temperature=1.25, target_temperature=2.0)
+    assert (target.beta, target.prior_weight) == (1.0, pytest.approx(0.4))
+    # Their target (log pi_ref / gamma + r / beta) / T, whatever the numbers.
+    generator = torch.Generator().manual_seed(0)
+    logp, ref, reward = torch.randn(3, 6, generator=generator, dtype=torch.float64)
+    case = LossInputs(ref, ref, reward, torch.zeros(6, dtype=torch.long), 1)
+    gamma, temperature, beta = 1.2, 1.5, 0.05
+    target = tb_target(beta, gamma, temperature)
+    weighted = dataclasses.replace(case, prior_weight=target.prior_weight)
+    expected = logp - (ref / gamma + reward / beta) / temperature
+    assert tb_delta(logp, weighted, target.beta).tolist() == pytest.approx(expected.tolist())
+
+
+def test_without_temperatures_the_target_is_unchanged_exactly():
+    for beta in (0.004, 0.05, 0.3):
+        assert tb_target(beta, 1.0, 1.0) == TbTarget(beta, 1.0)
+
+
+def test_select_keeps_the_prior_weight():
+    case = dataclasses.replace(inputs([0.0] * 3, [0.0] * 3, [0, 1, 1]), prior_weight=0.25)
+    assert case.select(torch.tensor([2])).prior_weight == 0.25
+
+
+def test_ramp_is_linear_then_flat():
+    # Lee et al.'s large red-teaming schedules: gamma 1 -> 1.2 over 2,000 steps, T 2 -> 1
+    # over 1,000.
+    assert [ramp_at(s, 1.0, 1.2, 2000) for s in (0, 1000, 2000, 5000)] == pytest.approx(
+        [1.0, 1.1, 1.2, 1.2]
+    )
+    assert [ramp_at(s, 2.0, 1.0, 1000) for s in (0, 250, 1000, 4000)] == pytest.approx(
+        [2.0, 1.75, 1.0, 1.0]
+    )
+    assert ramp_at(50, 3.0, 1.0, 0) == 3.0

@@ -9,6 +9,7 @@ larger than a micro-batch; the step then computes group constants over the whole
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,13 +44,14 @@ class TrainBatch:
         )
 
     def with_ref_logprob(self, ref_logprob: torch.Tensor) -> TrainBatch:
-        inputs = LossInputs(
-            ref_logprob.to(self.inputs.ref_logprob.dtype),
-            self.inputs.behavior_logprob,
-            self.inputs.reward,
-            self.inputs.group_index,
-            self.inputs.num_groups,
-        )
+        ref = ref_logprob.to(self.inputs.ref_logprob.dtype)
+        return self._with_inputs(dataclasses.replace(self.inputs, ref_logprob=ref))
+
+    def with_prior_weight(self, prior_weight: float) -> TrainBatch:
+        """The batch with the TB target's weight of log pi_ref set for this step."""
+        return self._with_inputs(dataclasses.replace(self.inputs, prior_weight=prior_weight))
+
+    def _with_inputs(self, inputs: LossInputs) -> TrainBatch:
         return TrainBatch(
             self.prompts, self.completions, inputs, self.policy_version, self.latest_version
         )

@@ -95,6 +95,49 @@ class TrainerSettings(Section):
         "`beta_end`, wherever the anneal is; 0 never cuts. The paper's TL;DR: 1 -> 0.05 "
         "annealed over 128 steps, cut at step 32.",
     )
+    prior_temperature_start: float = Field(
+        1.0,
+        gt=0.0,
+        le=100.0,
+        description="`tb`: gamma at step 0, the temperature of the reference prior in the "
+        "target (log pi_ref / gamma + r / beta) / T of Lee et al. (2024); 1 with `end` 1 "
+        "keeps today's target log pi_ref + r / beta. Their `lm_sched_start`.",
+    )
+    prior_temperature_end: float = Field(
+        1.0,
+        gt=0.0,
+        le=100.0,
+        description="`tb`: gamma after `prior_temperature_anneal_steps` (their `lm_sched_end`; "
+        "paper, large red-teaming: 1.2).",
+    )
+    prior_temperature_anneal_steps: int = Field(
+        0,
+        ge=0,
+        le=10_000_000,
+        description="`tb`: steps of linear gamma anneal; 0 keeps `prior_temperature_start` "
+        "(their `lm_sched_horizon`; paper, large red-teaming: 2,000).",
+    )
+    target_temperature_start: float = Field(
+        1.0,
+        gt=0.0,
+        le=100.0,
+        description="`tb`: T at step 0, the temperature of the whole target (log pi_ref / "
+        "gamma + r / beta) / T, prior included (the beta schedule tempers only r): Lee et "
+        "al.'s reward schedule, `reward_sched_start` (their default 2).",
+    )
+    target_temperature_end: float = Field(
+        1.0,
+        gt=0.0,
+        le=100.0,
+        description="`tb`: T after `target_temperature_anneal_steps` (`reward_sched_end`, 1).",
+    )
+    target_temperature_anneal_steps: int = Field(
+        0,
+        ge=0,
+        le=10_000_000,
+        description="`tb`: steps of linear T anneal; 0 keeps `target_temperature_start` "
+        "(`reward_sched_horizon`; paper, large red-teaming: 1,000).",
+    )
     importance_weights: bool = Field(
         False,
         description="`tb`, `rloo`: weight each trajectory by its clipped importance ratio. "
@@ -161,7 +204,20 @@ class TrainerSettings(Section):
         if self.min_batch_prompts > self.num_prompts:
             # No draw of num_prompts groups ever holds more: the trainer would wait forever.
             raise ValueError("min_batch_prompts must be at most num_prompts")
+        if self.objective != "tb" and self.tempers_target():
+            # Only TB's target has a prior term to temper; the others would ignore them.
+            raise ValueError("prior_temperature_* and target_temperature_* need objective = tb")
         return self
+
+    def tempers_target(self) -> bool:
+        """Whether the prior or target temperature is ever other than 1."""
+        temperatures = (
+            self.prior_temperature_start,
+            self.prior_temperature_end,
+            self.target_temperature_start,
+            self.target_temperature_end,
+        )
+        return any(t != 1.0 for t in temperatures)
 
 
 class OptimSettings(Section):

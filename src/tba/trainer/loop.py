@@ -30,7 +30,7 @@ from tba.trainer.checkpoint import Checkpointer, LoopState
 from tba.trainer.config import TrainerSettings
 from tba.trainer.engine import TrainEngine
 from tba.trainer.fill import InitialFill
-from tba.trainer.loss import Objective, beta_at
+from tba.trainer.loss import Objective, beta_at, ramp_at, tb_target
 from tba.trainer.metrics import MetricsSink
 from tba.trainer.optim import RewardDecay
 from tba.trainer.publish import PublishFailedError, PublishProgress
@@ -146,6 +146,8 @@ class TrainerLoop:
         beta = beta_at(
             self.state.step, s.beta_start, s.beta_end, s.beta_anneal_steps, s.beta_cut_step
         )
+        temperatures = target_temperatures(s, self.state.step)
+        target = tb_target(beta, *temperatures)
         # Train: collate, reference and policy log-probs, loss, backward, optimizer step.
         result = train_on_batch(
             batch,
@@ -154,9 +156,10 @@ class TrainerLoop:
             reference=self.reference,
             scoring=Scoring(self.temperature, self.pad_token_id),
             micro_batch_size=s.micro_batch_size,
-            beta=beta,
+            beta=target.beta,
             step=self.state.step,
             reward_decay=self.reward_decay,
+            prior_weight=target.prior_weight,
         )
         self._advance(beta)
         computed = self.clock.monotonic()
@@ -174,6 +177,7 @@ class TrainerLoop:
         times = (waited - started, computed - waited, published - computed, done - published)
         values = step_metrics(result, beta=beta, version=self.state.version, times=times)
         values.update(publish_metrics(progress, blocking_s=published - computed))
+        values["trainer/prior_temperature"], values["trainer/target_temperature"] = temperatures
         self.report = trainer_report(self.state.step, values)
         if self.state.step % self.log_every_steps == 0:
             self.metrics.write(self.state.step, values)
@@ -249,6 +253,21 @@ class TrainerLoop:
             and self.state.step % every == 0
             and not last
         )
+
+
+def target_temperatures(s: TrainerSettings, step: int) -> tuple[float, float]:
+    """(gamma, T) of the step after `step` steps: the prior's and the whole target's
+    temperatures (`loss.tb_target`), each linear over its anneal like beta."""
+    prior = ramp_at(
+        step, s.prior_temperature_start, s.prior_temperature_end, s.prior_temperature_anneal_steps
+    )
+    target = ramp_at(
+        step,
+        s.target_temperature_start,
+        s.target_temperature_end,
+        s.target_temperature_anneal_steps,
+    )
+    return prior, target
 
 
 def publish_metrics(progress: PublishProgress, *, blocking_s: float) -> dict[str, float]:

@@ -2,9 +2,14 @@
 
 Trajectory Balance, per prompt group g with completions j:
 
-    delta_j  = log pi_theta(y_j|x) - log pi_ref(y_j|x) - r_j / beta      (sequence sums)
+    delta_j  = log pi_theta(y_j|x) - c log pi_ref(y_j|x) - r_j / beta    (sequence sums)
     log Z_g  = stop_grad(-mean_{j in g} delta_j)                         (VarGrad estimate)
     L        = sum_j w_j (log Z_g(j) + delta_j)^2 / N                    (N: all trajectories)
+
+with c the weight of the reference prior, 1 unless the red-teaming schedules of Lee et al.
+(2024) set it (`tb_target`): their target is (log pi_ref / gamma + r / beta) / T, a prior
+temperature gamma and a temperature T of the whole target, so c = 1 / (gamma T) and the
+reward's beta becomes beta T.
 
 with w_j = 1, or, behind config, clipped importance weights stop_grad(clip(exp(log pi_theta
 - log pi_behaviour))). With weights, log Z_g is the weighted mean, the log Z that minimises the
@@ -42,6 +47,8 @@ class LossInputs:
     reward: torch.Tensor
     group_index: torch.Tensor
     num_groups: int
+    # c: the weight of log pi_ref in the TB target this step, the same for every row.
+    prior_weight: float = 1.0
 
     def select(self, rows: torch.Tensor) -> LossInputs:
         """The rows `rows`, with their groups renumbered 0..g-1 in order of appearance."""
@@ -52,6 +59,7 @@ class LossInputs:
             self.reward[rows],
             local,
             int(groups.numel()),
+            self.prior_weight,
         )
 
 
@@ -61,6 +69,14 @@ class ImportanceClip:
 
     min_weight: float
     max_weight: float
+
+
+def ramp_at(step: int, start: float, end: float, anneal_steps: int) -> float:
+    """Linear from `start` at step 0 to `end` at `anneal_steps`, then flat (0: `start`)."""
+    if anneal_steps <= 0:
+        return start
+    fraction = min(max(step, 0), anneal_steps) / anneal_steps
+    return start + (end - start) * fraction
 
 
 def beta_at(
@@ -73,10 +89,23 @@ def beta_at(
     step 32, as its reference code does (`kl_coef_decay_stop_iter`, steps counted from 1)."""
     if 0 < cut_step <= step + 1:
         return beta_end
-    if anneal_steps <= 0:
-        return beta_start
-    fraction = min(max(step, 0), anneal_steps) / anneal_steps
-    return beta_start + (beta_end - beta_start) * fraction
+    return ramp_at(step, beta_start, beta_end, anneal_steps)
+
+
+@dataclass(frozen=True)
+class TbTarget:
+    """What the TB target log R = c log pi_ref + r / beta is at one step."""
+
+    beta: float
+    prior_weight: float
+
+
+def tb_target(beta: float, prior_temperature: float, target_temperature: float) -> TbTarget:
+    """Lee et al.'s red-teaming target (log pi_ref / gamma + r / beta) / T in this module's
+    form: c = 1 / (gamma T) and beta T (GFNOrg/red-teaming, trainers/gfn_trainer.py,
+    `get_batch_metrics`: gamma is `get_lm_reward_temp`, T `get_total_reward_temp`). With
+    gamma = T = 1 the target is exactly log pi_ref + r / beta."""
+    return TbTarget(beta * target_temperature, 1.0 / (prior_temperature * target_temperature))
 
 
 def group_mean(
@@ -107,8 +136,8 @@ def importance_weights(
 
 
 def tb_delta(policy_logprob: torch.Tensor, inputs: LossInputs, beta: float) -> torch.Tensor:
-    """delta_j = log pi_theta - log pi_ref - r / beta."""
-    return policy_logprob - inputs.ref_logprob - inputs.reward / beta
+    """delta_j = log pi_theta - c log pi_ref - r / beta (c: `inputs.prior_weight`)."""
+    return policy_logprob - inputs.prior_weight * inputs.ref_logprob - inputs.reward / beta
 
 
 def tb_log_z(

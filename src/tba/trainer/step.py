@@ -92,12 +92,14 @@ def train_on_batch(
     beta: float,
     step: int,
     reward_decay: RewardDecay | None = None,
+    prior_weight: float = 1.0,
 ) -> StepResult:
-    """Optimizer step `step + 1` on `batch`; every rank calls it with the same batch."""
+    """Optimizer step `step + 1` on `batch`; every rank calls it with the same batch.
+    `prior_weight`: the TB target's weight of log pi_ref this step (`loss.tb_target`)."""
     # Collate: one row per trajectory, each keeping its prompt group (log Z is per group).
     train = collate(batch)
     # Reference log-probs: the searchers' stored ones, or after a reset the frozen copy's.
-    train = reference.relabel(train)
+    train = reference.relabel(train).with_prior_weight(prior_weight)
     # The rate this step trains at (the optimizer step moves the schedule on).
     lr = engine.lr()
     # Policy log-probs, loss terms and backward over this rank's micro-batches; when a
