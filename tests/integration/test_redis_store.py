@@ -84,18 +84,25 @@ async def outcome(call: Awaitable[Any]) -> Any:
         return type(exc), str(exc)
 
 
+# Without a freeze, and with growth frozen early (at step 25 the buffer holds fewer than its
+# capacity of 40).
+@pytest.mark.parametrize("freeze_at_step", [None, 25])
 def test_redis_store_computes_exactly_what_memory_store_does(
-    shared_redis: RedisServer, unique_prefix: str
+    shared_redis: RedisServer, unique_prefix: str, freeze_at_step: int | None
 ) -> None:
     async def main() -> None:
         rng = random.Random(1234)
         memory = MemoryStore(LIMITS)
         redis_store = RedisStore(shared_redis.url, unique_prefix, LIMITS)
         now, lease_ids, paths = NOW, [], collections.Counter[str]()
+        cap = LIMITS.capacity
         try:
             await memory.put_prompts([Prompt(f"q{i}", "x") for i in range(12)])
             await redis_store.put_prompts([Prompt(f"q{i}", "x") for i in range(12)])
             for step in range(600):
+                if step == freeze_at_step:
+                    cap = await memory.freeze_growth()
+                    assert await redis_store.freeze_growth() == cap < LIMITS.capacity
                 now += rng.choice([0.0, 0.001, 0.5, 2.0, 20.0])
                 method, args, kwargs = random_call(rng, now, lease_ids)
                 if method == "add_trajectories":  # the service only sends known prompts
@@ -114,7 +121,7 @@ def test_redis_store_computes_exactly_what_memory_store_does(
                     if not refused:
                         paths.update(replayed=got.replayed, replaced=got.replaced_duplicates > 0)
             counters = await redis_store.counters(now)
-            assert counters.evicted_total > 0 and counters.trajectories == LIMITS.capacity
+            assert counters.evicted_total > 0 and counters.trajectories == cap
             assert paths["replayed"] > 0 and paths["replaced"] > 0 and len(lease_ids) > 10
             assert paths["refused"] > 0
         finally:
@@ -166,6 +173,7 @@ def test_everything_comes_back_from_the_aof(redis_server: RedisServer, how: str)
         store = RedisStore(redis_server.url, "tba", LIMITS)
         try:
             lease_id = await fill(store)
+            frozen_capacity = await store.freeze_growth()
             before = await snapshot(store, NOW + 10)
             # In a thread, as in a running service: the loop sees the old sockets close.
             if how == "restart":
@@ -176,6 +184,8 @@ def test_everything_comes_back_from_the_aof(redis_server: RedisServer, how: str)
             # The same store, on new connections; Redis has forgotten every script.
             assert await snapshot(store, NOW + 10) == before
             assert before["counters"].leases_in_flight == 2
+            # The frozen cap too: the first one stays.
+            assert await store.freeze_growth() == frozen_capacity == 20
             assert (await store.lease_prompts("s2", 6, lease_s=1.0, now_s=NOW + 10)).prompts[
                 0
             ].id == "q2"

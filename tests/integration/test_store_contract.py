@@ -310,6 +310,49 @@ def test_capacity_evicts_the_globally_oldest(make_store: MakeStore) -> None:
     run(make_store, scenario, limits(capacity=3))
 
 
+def test_frozen_growth_holds_what_was_held_and_evicts_the_oldest(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a", "b", "c")
+        await add(store, trajectory("a", (1,)), trajectory("b", (1,)), trajectory("c", (1,)))
+        assert await store.freeze_growth() == 3
+        # Accepted as before; each one beyond the cap evicts the globally oldest.
+        result = await add(store, trajectory("a", (2,)), trajectory("c", (2,)))
+        assert result == AddResult(2, 0, 2)
+        assert await store.candidates(["a", "b", "c"]) == {
+            "a": [Candidate(4, 1.0, 0)],
+            "c": [Candidate(3, 1.0, 0), Candidate(5, 1.0, 0)],
+        }
+        # A duplicate replaces its twin in place; every new one evicts the oldest.
+        assert await add(store, trajectory("c", (2,))) == AddResult(1, 1, 0)
+        await add(store, trajectory("b", (7,)), trajectory("b", (8,)))
+        counters = await store.counters(NOW)
+        assert counters.trajectories == 3 and counters.evicted_total == 4
+        assert await store.freeze_growth() == 3  # the first cap stays
+        assert await ids_of(store, "b") == [7, 8]
+
+    run(make_store, scenario, limits(capacity=10))
+
+
+def test_growth_frozen_empty_keeps_the_newest(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a")
+        assert await store.freeze_growth() == 1
+        await add(store, trajectory("a", (1,)), trajectory("a", (2,)))
+        assert await ids_of(store, "a") == [2]
+
+    run(make_store, scenario)
+
+
+def test_growth_frozen_full_keeps_the_capacity(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a")
+        await add(store, *(trajectory("a", (i,)) for i in range(3)))
+        assert await store.freeze_growth() == 2
+        assert await add(store, trajectory("a", (9,))) == AddResult(1, 0, 1)
+
+    run(make_store, scenario, limits(capacity=2))
+
+
 def test_recent_prompts_are_ordered_by_newest_trajectory(make_store: MakeStore) -> None:
     async def scenario(store: BufferStore) -> None:
         assert await store.recent_prompt_ids(5) == []

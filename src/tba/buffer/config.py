@@ -33,6 +33,15 @@ class BufferSettings(Section):
     capacity: int = Field(
         1_000_000, ge=1, description="Trajectories kept in all; the oldest are evicted beyond."
     )
+    freeze_growth_after_step: int = Field(
+        0,
+        ge=0,
+        le=10_000_000,
+        description="Once the trainer reports this step (its step metrics ride on each "
+        "Sample call), the buffer stops growing: it holds at most the trajectories it held "
+        "then, each new one still accepted and the oldest evicted, as beyond `capacity`. "
+        "Kept across restarts with Redis. 0 never. Paper, red-teaming: 4,000.",
+    )
     prompt_history: int = Field(
         100, ge=1, le=10_000, description="Trajectories kept per prompt; the oldest go first."
     )

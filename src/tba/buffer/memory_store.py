@@ -110,6 +110,9 @@ class _Trajectories:
         self.histogram = [0] * (len(limits.reward_histogram_edges) - 1)
         self.reward_sum = 0.0
         self._next_id = 0
+        # Trajectories held at most: `capacity`, or less once growth is frozen.
+        self.capacity = limits.capacity
+        self.frozen = False
 
     def add(self, t: Trajectory) -> tuple[int, int]:
         """Stores a copy of `t` under a new id; returns (replaced duplicates, evicted)."""
@@ -125,10 +128,17 @@ class _Trajectories:
         if len(history) > self._limits.prompt_history:
             self._remove(next(iter(history)))
             evicted += 1
-        if len(self.by_id) > self._limits.capacity:
+        if len(self.by_id) > self.capacity:
             self._remove(next(iter(self.by_id)))
             evicted += 1
         return replaced, evicted
+
+    def freeze(self) -> int:
+        """Caps the trajectories held at what is held now, once (`BufferStore.freeze_growth`)."""
+        if not self.frozen:
+            self.capacity = min(self.capacity, max(len(self.by_id), 1))
+            self.frozen = True
+        return self.capacity
 
     def _insert(self, t: Trajectory, digest: str) -> None:
         edges = self._limits.reward_histogram_edges
@@ -270,6 +280,9 @@ class MemoryStore:
             seen = self._requests.get(request_id)
             if seen is not None and seen.expires_ms == expires_ms:
                 del self._requests[request_id]
+
+    async def freeze_growth(self) -> int:
+        return self._store.freeze()
 
     async def recent_prompt_ids(self, window: int) -> list[str]:
         newest_first = reversed(self._store.recent)

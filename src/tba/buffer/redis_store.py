@@ -7,7 +7,8 @@ Keys live under `{key_prefix}:`; per trajectory there is one blob field and one 
 ("version bin reward digest prompt_id"), not a key. A prompt has a history ZSET (`h:`) and,
 with dedup, a digest HASH (`d:`). Prompt-level indexes: `pool` (by available-at ms),
 `recent` (by newest trajectory id), `oldest` (by oldest id: global eviction), `ranked`
-(score 0, by id: random access by rank). The history is a ZSET of JSON points by time
+(score 0, by id: random access by rank). `state` holds counters and, once growth is
+frozen, `frozen_capacity`. The history is a ZSET of JSON points by time
 (`history`), trimmed by time and count in the same MULTI as each append.
 """
 
@@ -47,6 +48,7 @@ SCRIPTS = (
     "candidates",
     "announce_weights",
     "register_run",
+    "freeze_growth",
 )
 # add_trajectories.lua's status: stored (0), replayed, the request id kept with another
 # digest, or a batch of another run than the registered one.
@@ -154,6 +156,9 @@ class RedisStore:
             raise FailedPreconditionError(reused_request_id(request_id))
         accepted, replaced, evicted = (int(n) for n in result.split()[:3])
         return AddResult(accepted, replaced, evicted, replayed=status == _REPLAYED)
+
+    async def freeze_growth(self) -> int:
+        return int(await self._run("freeze_growth", [self._limits.capacity]))
 
     async def recent_prompt_ids(self, window: int) -> list[str]:
         with _unavailable_on_connection_error(self._url):

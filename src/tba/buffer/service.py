@@ -74,6 +74,8 @@ class BufferService:
         self._samples = RateMeter(settings.rate_window_s, clock)
         # The trainer's latest report since the previous history point.
         self._report: TrainerReport | None = None
+        # The cap the buffer's growth was frozen at (`freeze_growth_after_step`); None: not yet.
+        self.frozen_capacity: int | None = None
 
     async def put_prompts(self, prompts: Sequence[Prompt]) -> PutPromptsResult:
         validation.check_prompts(prompts, self.settings)
@@ -126,6 +128,7 @@ class BufferService:
         validation.check_sample(spec, self.settings)
         if spec.report is not None:
             self._note_report(spec.report)
+            await self._freeze_growth_when_due(spec.report.step)
         rng = np.random.default_rng(spec.seed)
         latest = await self.store.latest_weights()
         latest_version = latest.version if latest else 0
@@ -230,6 +233,19 @@ class BufferService:
     def now_s(self) -> float:
         return self._clock()
 
+    async def _freeze_growth_when_due(self, trainer_step: int) -> None:
+        """Freezes the buffer's growth once the trainer reports `freeze_growth_after_step`;
+        after a restart the store keeps the first cap (Redis) and this learns it again."""
+        due = growth_freeze_due(trainer_step, self.settings.freeze_growth_after_step)
+        if self.frozen_capacity is None and due:
+            self.frozen_capacity = await self.store.freeze_growth()
+            log.info(
+                "trainer step %d: buffer growth frozen at %d trajectories; the oldest are "
+                "evicted beyond",
+                trainer_step,
+                self.frozen_capacity,
+            )
+
     def _note_report(self, report: TrainerReport) -> None:
         """Keeps the report for the next history point; one with a value JSON cannot carry
         (a diverged loss) is left out of the history, not held against the Sample call."""
@@ -301,3 +317,8 @@ class BufferService:
     async def check_store(self) -> None:
         """Returns once the store has answered a read; UnavailableError while it cannot."""
         await self.store.latest_weights()
+
+
+def growth_freeze_due(trainer_step: int, freeze_after_step: int) -> bool:
+    """Whether the trainer's reported step has reached `freeze_after_step` (0: never)."""
+    return 0 < freeze_after_step <= trainer_step

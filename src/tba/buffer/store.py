@@ -109,6 +109,13 @@ class BufferStore(Protocol):
         the digest."""
         ...
 
+    async def freeze_growth(self) -> int:
+        """Stops the buffer's growth: from now on it holds at most the trajectories it holds
+        now (at least 1, at most `capacity`), each add beyond that evicting the oldest as
+        `capacity` does. The first call sets the cap and later calls keep it (Redis keeps it
+        across restarts). Returns the cap."""
+        ...
+
     async def recent_prompt_ids(self, window: int) -> list[str]:
         """Up to `window` prompts with the most recently added trajectories, newest first."""
         ...

@@ -10,6 +10,11 @@ local request_id, searcher_id, lease_id = ARGV[1], ARGV[2], ARGV[3]
 local now_ms = ARGV[4]
 local dedup = ARGV[7] == '1'
 local history_cap, capacity = tonumber(ARGV[8]), tonumber(ARGV[9])
+-- Once growth is frozen (freeze_growth.lua) the buffer holds at most what it held then.
+local frozen = redis.call('HGET', key('state'), 'frozen_capacity')
+if frozen then
+  capacity = math.min(capacity, tonumber(frozen))
+end
 local request_digest = ARGV[11]
 local first_pair = 13
 
