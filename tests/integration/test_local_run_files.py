@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tba.trainer.config import TrainerSettings
+from tba.trainer.loop import target_temperatures
 from tba.trainer.loss import beta_at
 from tests.fixtures.local_run import run_local
 
@@ -35,14 +36,17 @@ def test_tba_local_runs_the_run_file(tmp_path, monkeypatch, name):
     assert trainer["model"]["source"] == searcher["model"]["source"]
     assert trainer["task"] == searcher["task"]
     assert trainer["searcher"]["temperature"] == searcher["searcher"]["temperature"]
-    check_fill_and_beta(
-        result.run_dir, TrainerSettings(**tomllib.loads(config.read_text())["trainer"])
-    )
+    run_file = tomllib.loads(config.read_text())
+    check_fill_and_beta(result.run_dir, TrainerSettings(**run_file["trainer"]))
+    freeze_step = run_file["buffer"].get("freeze_growth_after_step", 0)
+    if freeze_step:  # the red-teaming variant freezes at step 2 of 3
+        assert f"trainer step {freeze_step}: buffer growth frozen at" in result.log("buffer")
 
 
 def check_fill_and_beta(run_dir: Path, t: TrainerSettings) -> None:
     """The file's initial fill came first (a row at step 0), then each step's beta is the
-    schedule's, through its cut (the TL;DR variant cuts at step 2)."""
+    schedule's, through its cut (the TL;DR variant cuts at step 2), and so are its prior
+    and target temperatures."""
     lines = (run_dir / "metrics" / "trainer.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]
     if t.initial_buffer_completions:
@@ -53,3 +57,6 @@ def check_fill_and_beta(run_dir: Path, t: TrainerSettings) -> None:
     assert [r["trainer/beta"] for r in rows] == pytest.approx(
         [beta_at(r["step"] - 1, *schedule) for r in rows]
     )
+    # The target's temperatures too (the red-teaming variant anneals both).
+    temperatures = [(r["trainer/prior_temperature"], r["trainer/target_temperature"]) for r in rows]
+    assert temperatures == [pytest.approx(target_temperatures(t, r["step"] - 1)) for r in rows]

@@ -36,6 +36,7 @@ def test_one_file_per_setup_and_a_cpu_variant_of_each_paper_setup():
     names = sorted(path.stem for path in FILES)
     expected = PAPER_SETUPS + [f"{setup}-cpu" for setup in PAPER_SETUPS] + ["arithmetic-demo"]
     expected += ["gsm8k-rhomath-1b-figure1"]  # Figure 1's run, a variant of Table 2's
+    expected += ["redteam-gpt2-large"]  # App. B.3's large scale, a variant of its small one
     assert names == sorted(expected)
     assert all(path.suffix == ".toml" for path in CONFIGS.rglob("*") if path.is_file())
 
@@ -100,6 +101,22 @@ TABLE_2 = {
     "searcher.max_new_tokens": 512,
     "searcher.max_prompt_tokens": 512,
 }
+APPENDIX_B3 = {
+    "buffer.capacity": 100_000,
+    "buffer.freeze_growth_after_step": 4000,
+    "trainer.steps": 5000,
+    "trainer.beta_start": 0.05,
+    "trainer.beta_end": 0.05,
+    "trainer.recency_probability": 0.5,
+    "trainer.reward_temperature": 1.0,  # reward-prioritised
+    "trainer.publish_every_steps": 10,
+    "trainer.batch": 128,  # num_prompts x samples_per_prompt
+    # The small setup's target: log pi_ref + r / beta, untempered.
+    "trainer.target_temperature_start": 1.0,
+    "trainer.target_temperature_end": 1.0,
+    "trainer.prior_temperature_start": 1.0,
+    "trainer.prior_temperature_end": 1.0,
+}
 PAPER_TABLES = {
     "gsm8k-rhomath-1b": TABLE_2,
     "gsm8k-rhomath-1b-figure1": {**TABLE_2, "trainer.steps": 700, "trainer.beta_start": 0.014},
@@ -126,15 +143,17 @@ PAPER_TABLES = {
         "searcher.max_new_tokens": 128,
         "searcher.max_prompt_tokens": 512,
     },
-    "redteam-gpt2": {
-        "buffer.capacity": 100_000,
-        "trainer.steps": 5000,
-        "trainer.beta_start": 0.05,
-        "trainer.beta_end": 0.05,
-        "trainer.recency_probability": 0.5,
-        "trainer.reward_temperature": 1.0,  # reward-prioritised
-        "trainer.publish_every_steps": 10,
-        "trainer.batch": 128,  # num_prompts x samples_per_prompt
+    "redteam-gpt2": APPENDIX_B3,
+    "redteam-gpt2-large": {
+        **APPENDIX_B3,
+        # The reward schedule: T 2 -> 1 over 1,000 steps (Lee et al.'s reward_sched_*).
+        "trainer.target_temperature_start": 2.0,
+        "trainer.target_temperature_end": 1.0,
+        "trainer.target_temperature_anneal_steps": 1000,
+        # The LM-prior schedule: gamma 1 -> 1.2 over 2,000 steps (their lm_sched_*).
+        "trainer.prior_temperature_start": 1.0,
+        "trainer.prior_temperature_end": 1.2,
+        "trainer.prior_temperature_anneal_steps": 2000,
     },
 }
 
