@@ -12,6 +12,8 @@ import numpy.typing as npt
 from tba.runs import Run
 
 TOKEN_DTYPE = np.dtype("<u4")
+# Per-token log-probs: float32 keeps 7 digits, far finer than sampling noise, at 4 bytes a token.
+LOGPROB_DTYPE = np.dtype("<f4")
 
 
 def pack_tokens(token_ids: npt.ArrayLike) -> bytes:
@@ -23,6 +25,17 @@ def unpack_tokens(packed: bytes) -> npt.NDArray[np.uint32]:
     if len(packed) % TOKEN_DTYPE.itemsize:
         raise ValueError(f"packed token ids have {len(packed)} bytes, not a multiple of 4")
     return np.frombuffer(packed, dtype=TOKEN_DTYPE)
+
+
+def pack_logprobs(logprobs: npt.ArrayLike) -> bytes:
+    """Per-token log-probs as packed little-endian float32, the wire and storage format."""
+    return np.asarray(logprobs, dtype=LOGPROB_DTYPE).tobytes()
+
+
+def unpack_logprobs(packed: bytes) -> npt.NDArray[np.float32]:
+    if len(packed) % LOGPROB_DTYPE.itemsize:
+        raise ValueError(f"packed log-probs have {len(packed)} bytes, not a multiple of 4")
+    return np.frombuffer(packed, dtype=LOGPROB_DTYPE)
 
 
 def new_request_id() -> str:
@@ -52,7 +65,9 @@ class Prompt:
 
 @dataclass(slots=True)
 class Trajectory:
-    """One scored completion of a prompt. Log-probs are sums over completion tokens."""
+    """One scored completion of a prompt. `ref_logprob` and `behavior_logprob` are sums over
+    completion tokens (what the TB loss uses); `*_token_logprobs`, when the searcher sent them,
+    are the same log-probs per completion token (`pack_logprobs`), empty otherwise."""
 
     prompt_id: str
     prompt_token_ids: bytes
@@ -66,6 +81,8 @@ class Trajectory:
     finish_reason: FinishReason = FinishReason.UNSPECIFIED
     created_at_s: float = 0.0
     id: int = 0
+    behavior_token_logprobs: bytes = b""
+    ref_token_logprobs: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,10 +10,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tba.buffer.config import BufferClientSettings
 from tba.buffer.transport.grpc_client import BufferClient
-from tba.domain import Prompt, SampleSource, SampleSpec, WeightVersion, new_request_id
+from tba.domain import (
+    Prompt,
+    SampleSource,
+    SampleSpec,
+    WeightVersion,
+    new_request_id,
+    pack_logprobs,
+)
 from tba.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from tests.fixtures.buffer_service import start_buffer
-from tests.fixtures.data import trajectory
+from tests.fixtures.data import trajectory, with_token_logprobs
 
 SHA = "a" * 64
 
@@ -112,6 +119,27 @@ def test_bad_trajectories_are_refused_and_store_nothing(client, bad):
     )
     with pytest.raises(InvalidArgumentError):
         client.add_trajectories([good, bad_one], searcher_id="s1", request_id=new_request_id())
+    assert client.stats().trajectories == 0
+
+
+def test_token_logprobs_travel_both_ways(client):
+    (pid,) = client.put_prompts([Prompt("", "x")]).prompt_ids
+    sent = with_token_logprobs(trajectory(pid, completion=[1, 2]), [-0.5, -0.75], [-1.0, -0.125])
+    client.add_trajectories([sent], searcher_id="s1", request_id=new_request_id())
+    batch = client.sample(SampleSpec(num_prompts=1, samples_per_prompt=1, recency_probability=1))
+    (got,) = batch.groups[0].trajectories
+    assert got.behavior_token_logprobs == sent.behavior_token_logprobs
+    assert got.ref_token_logprobs == sent.ref_token_logprobs
+
+
+def test_token_logprobs_that_miss_their_sum_are_refused_by_name(client):
+    (pid,) = client.put_prompts([Prompt("", "x")]).prompt_ids
+    good = with_token_logprobs(trajectory(pid, completion=[1, 2]), [-0.5, -0.75], [-1.0, -1.0])
+    bad = with_token_logprobs(trajectory(pid, completion=[3, 4]), [-0.5, -0.75], [-1.0, -1.0])
+    bad.ref_token_logprobs = pack_logprobs([-1.0, -3.0])
+    message = r"trajectories\[1\]\.ref_token_logprobs add up to -4, not .*ref_logprob -2"
+    with pytest.raises(InvalidArgumentError, match=message):
+        client.add_trajectories([good, bad], searcher_id="s1", request_id=new_request_id())
     assert client.stats().trajectories == 0
 
 

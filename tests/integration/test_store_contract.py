@@ -25,7 +25,7 @@ from tba.domain import (
 )
 from tba.errors import FailedPreconditionError, InvalidArgumentError
 from tba.runs import Run, RunIdentity, RunRecipe
-from tests.fixtures.data import trajectory
+from tests.fixtures.data import trajectory, with_token_logprobs
 
 NOW = 1_700_000_000.0
 EDGES = (0.0, 0.5, 1.0)
@@ -206,6 +206,21 @@ def test_trajectories_get_increasing_ids_and_round_trip(make_store: MakeStore) -
         assert got[2] == dataclasses.replace(sent[1], id=2)
         assert await add(store, trajectory("b", (4,))) == AddResult(1, 0, 0)
         assert await ids_of(store, "b") == [2, 4]
+
+    run(make_store, scenario)
+
+
+def test_token_logprobs_round_trip_beside_trajectories_without_them(
+    make_store: MakeStore,
+) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a")
+        with_tokens = with_token_logprobs(trajectory("a", (5, 6)), [-0.5, -0.25], [-1.0, -2.5])
+        sent = [with_tokens, trajectory("a", (7,))]
+        assert await add(store, *sent) == AddResult(accepted=2, replaced_duplicates=0, evicted=0)
+        got = await store.get_trajectories([1, 2])
+        assert got == [dataclasses.replace(t, id=i) for i, t in enumerate(sent, 1)]
+        assert got[1].behavior_token_logprobs == got[1].ref_token_logprobs == b""
 
     run(make_store, scenario)
 

@@ -1,13 +1,16 @@
+import struct
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tba.buffer import codec
-from tba.domain import FinishReason, Prompt, Trajectory, pack_tokens
+from tba.domain import FinishReason, Prompt, Trajectory, pack_logprobs, pack_tokens
 
 finite = st.floats(allow_nan=False, allow_infinity=False)
 ident = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
 tokens = st.lists(st.integers(0, 2**32 - 1), max_size=300).map(pack_tokens)
+logprobs = st.lists(st.floats(width=32), max_size=300).map(pack_logprobs)
 
 
 @st.composite
@@ -24,6 +27,8 @@ def trajectories(draw: st.DrawFn) -> Trajectory:
         searcher_id=draw(ident),
         finish_reason=draw(st.sampled_from(FinishReason)),
         created_at_s=draw(finite),
+        behavior_token_logprobs=draw(logprobs),
+        ref_token_logprobs=draw(logprobs),
     )
 
 
@@ -61,9 +66,49 @@ def test_corrupt_trajectory_blobs_are_rejected() -> None:
     with pytest.raises(ValueError, match="length"):
         codec.decode_trajectory(blob + b"x", 1)
     with pytest.raises(ValueError, match="version"):
-        codec.decode_trajectory(b"\x02" + blob[1:], 1)
+        codec.decode_trajectory(b"\x09" + blob[1:], 1)
     with pytest.raises(ValueError, match="version"):
         codec.decode_trajectory(b"", 1)
+
+
+def test_a_trajectory_without_token_logprobs_is_still_a_version_1_blob() -> None:
+    """What older searchers send is stored (and its request digested) as before the upgrade."""
+    t = Trajectory("p1", pack_tokens([1]), pack_tokens([2, 3]), "ab", 1.0, -1.0, -2.0, 3)
+    assert codec.encode_trajectory(t)[0] == 1
+    t.ref_token_logprobs = pack_logprobs([-0.25, -0.75])
+    assert codec.encode_trajectory(t)[0] == 2
+
+
+def test_a_version_1_blob_written_before_token_logprobs_still_decodes() -> None:
+    # Built by hand in the first format: header, prompt id, searcher id, tokens, text.
+    header = struct.pack("<BddddqBHHIII", 1, 0.5, -3.0, -2.5, 1_700_000_000.0, 7, 1, 2, 2, 8, 4, 2)
+    blob = header + b"p1" + b"s9" + pack_tokens([1, 10]) + pack_tokens([5]) + b"ok"
+    assert codec.decode_trajectory(blob, 4) == Trajectory(
+        prompt_id="p1",
+        prompt_token_ids=pack_tokens([1, 10]),
+        completion_token_ids=pack_tokens([5]),
+        completion_text="ok",
+        reward=0.5,
+        ref_logprob=-3.0,
+        behavior_logprob=-2.5,
+        policy_version=7,
+        searcher_id="s9",
+        finish_reason=FinishReason.STOP,
+        created_at_s=1_700_000_000.0,
+        id=4,
+    )
+
+
+def test_token_logprobs_follow_the_text_verbatim() -> None:
+    behavior, ref = pack_logprobs([-0.5, -1.5]), pack_logprobs([-0.25, -2.0])
+    t = Trajectory("p1", pack_tokens([1]), pack_tokens([2, 3]), "ab", 1.0, -2.25, -2.0, 3)
+    t.behavior_token_logprobs, t.ref_token_logprobs = behavior, ref
+    blob = codec.encode_trajectory(t)
+    assert blob.endswith(b"ab" + behavior + ref)
+    decoded = codec.decode_trajectory(blob, 1)
+    assert (decoded.behavior_token_logprobs, decoded.ref_token_logprobs) == (behavior, ref)
+    with pytest.raises(ValueError, match="length"):
+        codec.decode_trajectory(blob[:-4], 1)
 
 
 @given(ident, st.text(min_size=1), st.text())

@@ -10,9 +10,9 @@ import pytest
 
 from tba.buffer import validation
 from tba.buffer.config import BufferSettings
-from tba.domain import Prompt, WeightVersion
+from tba.domain import Prompt, WeightVersion, pack_logprobs
 from tba.errors import InvalidArgumentError
-from tests.fixtures.data import trajectory
+from tests.fixtures.data import trajectory, with_token_logprobs
 
 SETTINGS = BufferSettings()
 
@@ -43,6 +43,39 @@ def test_largest_accepted_values_pass():
     good = trajectory("p1", reward=-1e12, policy_version=2**53 - 1, ref_logprob=1e12)
     good.created_at_s = 1e11
     validation.check_trajectory(good, "t", SETTINGS)
+
+
+def test_token_logprobs_that_fit_their_completion_pass():
+    # Completion (5, 6, 2): three tokens; the sums within float32 rounding of the tokens'.
+    good = with_token_logprobs(trajectory("p1"), [-0.5, -1.0, -0.1], [-1.0, -2.0, -0.3])
+    validation.check_trajectory(good, "t", SETTINGS)
+    validation.check_trajectory(dataclasses.replace(good, ref_token_logprobs=b""), "t", SETTINGS)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"behavior_token_logprobs": b"\0" * 10}, "behavior_token_logprobs must be packed float32"),
+        ({"ref_token_logprobs": pack_logprobs([-1.0, -2.0])}, "has 2 values for 3 completion"),
+        ({"ref_token_logprobs": pack_logprobs([-1.0, -2.0, math.nan])}, "not finite"),
+        ({"behavior_token_logprobs": pack_logprobs([-1.0, -math.inf, 0])}, "not finite"),
+        # -1.6 is 0.1 away from the tokens' -1.5: past 1e-3 + 1e-4 x 1.5.
+        ({"behavior_logprob": -1.6}, r"add up to -1\.5, not t\.behavior_logprob -1\.6 "),
+    ],
+)
+def test_token_logprobs_that_do_not_fit_are_invalid(change, message):
+    good = with_token_logprobs(trajectory("p1"), [-0.5, -1.0, 0.0], [-1.0, -2.0, -0.5])
+    with pytest.raises(InvalidArgumentError, match=message):
+        validation.check_trajectory(dataclasses.replace(good, **change), "t", SETTINGS)
+
+
+def test_token_logprob_sums_allow_float32_rounding_only():
+    tokens = [-0.1] * 500  # each -0.1 rounds in float32; 500 of them add up to about -50.0000007
+    good = with_token_logprobs(trajectory("p1", completion=range(500)), tokens, tokens)
+    validation.check_trajectory(dataclasses.replace(good, ref_logprob=-50.0), "t", SETTINGS)
+    off = dataclasses.replace(good, ref_logprob=-50.01)  # tolerance 1e-3 + 1e-4 x 50
+    with pytest.raises(InvalidArgumentError, match="ref_token_logprobs add up to"):
+        validation.check_trajectory(off, "t", SETTINGS)
 
 
 @pytest.mark.parametrize(

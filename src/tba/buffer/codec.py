@@ -1,7 +1,8 @@
 """How stores encode what they keep, shared by both stores so that they agree bit for bit.
 
-A trajectory is one blob: a fixed struct header, then the UTF-8 ids, the packed token bytes
-and the UTF-8 completion text, copied as they are (no per-token work). Times become integer
+A trajectory is one blob: a fixed struct header, then the UTF-8 ids, the packed token bytes,
+the UTF-8 completion text and (format version 2) the packed per-token log-probs, copied as
+they are (no per-token work). Times become integer
 milliseconds, completions a digest, rewards a histogram bin. Pure: no I/O.
 """
 
@@ -18,79 +19,84 @@ from collections.abc import Sequence
 from tba.domain import FinishReason, Prompt, Trajectory
 from tba.runs import Run, RunIdentity, RunRecipe
 
-FORMAT_VERSION = 1
+# Prompt blobs are still in their first format.
+PROMPT_FORMAT_VERSION = 1
 # format, reward, ref_logprob, behavior_logprob, created_at_s, policy_version, finish_reason,
-# then the byte lengths of prompt_id, searcher_id, prompt tokens, completion tokens, text.
-_TRAJECTORY_HEADER = struct.Struct("<BddddqBHHIII")
+# then the byte lengths of prompt_id, searcher_id, prompt tokens, completion tokens, text;
+# version 2 adds those of the behaviour and reference per-token log-probs, which follow the
+# text. A trajectory without per-token log-probs is still written as version 1, so that what
+# an older searcher sends is stored, and digested (`request_digest`), byte for byte as before.
+_TRAJECTORY_HEADERS = {1: struct.Struct("<BddddqBHHIII"), 2: struct.Struct("<BddddqBHHIIIII")}
 _PROMPT_HEADER = struct.Struct("<BI")
 DIGEST_BYTES = 16
 
 
 def encode_trajectory(t: Trajectory) -> bytes:
     """The storage blob of `t`; its `id` is not part of it (the store keys blobs by id)."""
-    prompt_id = t.prompt_id.encode()
-    searcher_id = t.searcher_id.encode()
-    text = t.completion_text.encode()
-    header = _TRAJECTORY_HEADER.pack(
-        FORMAT_VERSION,
+    parts = [t.prompt_id.encode(), t.searcher_id.encode(), t.prompt_token_ids]
+    parts += [t.completion_token_ids, t.completion_text.encode()]
+    version = 1
+    if t.behavior_token_logprobs or t.ref_token_logprobs:
+        version = 2
+        parts += [t.behavior_token_logprobs, t.ref_token_logprobs]
+    header = _TRAJECTORY_HEADERS[version].pack(
+        version,
         t.reward,
         t.ref_logprob,
         t.behavior_logprob,
         t.created_at_s,
         t.policy_version,
         int(t.finish_reason),
-        len(prompt_id),
-        len(searcher_id),
-        len(t.prompt_token_ids),
-        len(t.completion_token_ids),
-        len(text),
+        *map(len, parts),
     )
-    return b"".join(
-        (header, prompt_id, searcher_id, t.prompt_token_ids, t.completion_token_ids, text)
-    )
+    return b"".join((header, *parts))
 
 
 def decode_trajectory(blob: bytes, trajectory_id: int) -> Trajectory:
-    """The trajectory stored as `blob` under `trajectory_id`; ValueError if it is corrupt."""
-    if len(blob) < _TRAJECTORY_HEADER.size or blob[0] != FORMAT_VERSION:
-        raise ValueError(f"trajectory {trajectory_id}: not a version-{FORMAT_VERSION} blob")
-    (_, reward, ref, behavior, created, version, finish, *lengths) = _TRAJECTORY_HEADER.unpack_from(
-        blob
-    )
-    if _TRAJECTORY_HEADER.size + sum(lengths) != len(blob):
+    """The trajectory stored as `blob` (format version 1 or 2) under `trajectory_id`;
+    ValueError if it is corrupt."""
+    header = _TRAJECTORY_HEADERS.get(blob[0]) if blob else None
+    if header is None or len(blob) < header.size:
+        raise ValueError(f"trajectory {trajectory_id}: not a version-1 or version-2 blob")
+    (_, reward, ref, behavior, created, version, finish, *lengths) = header.unpack_from(blob)
+    if header.size + sum(lengths) != len(blob):
         raise ValueError(f"trajectory {trajectory_id}: blob length does not match its header")
     view = memoryview(blob)
     parts = []
-    start = _TRAJECTORY_HEADER.size
+    start = header.size
     for length in lengths:
-        parts.append(view[start : start + length])
+        parts.append(bytes(view[start : start + length]))
         start += length
-    prompt_id, searcher_id, prompt_tokens, completion_tokens, text = parts
+    prompt_id, searcher_id, prompt_tokens, completion_tokens, text, *token_logprobs = parts
+    behavior_tokens, ref_tokens = token_logprobs or (b"", b"")
     return Trajectory(
-        prompt_id=str(prompt_id, "utf-8"),
-        prompt_token_ids=bytes(prompt_tokens),
-        completion_token_ids=bytes(completion_tokens),
-        completion_text=str(text, "utf-8"),
+        prompt_id=prompt_id.decode(),
+        prompt_token_ids=prompt_tokens,
+        completion_token_ids=completion_tokens,
+        completion_text=text.decode(),
         reward=reward,
         ref_logprob=ref,
         behavior_logprob=behavior,
         policy_version=version,
-        searcher_id=str(searcher_id, "utf-8"),
+        searcher_id=searcher_id.decode(),
         finish_reason=FinishReason(finish),
         created_at_s=created,
         id=trajectory_id,
+        behavior_token_logprobs=behavior_tokens,
+        ref_token_logprobs=ref_tokens,
     )
 
 
 def encode_prompt(p: Prompt) -> bytes:
     """The storage blob of a prompt's text and answer (its id is the key)."""
     text = p.text.encode()
-    return b"".join((_PROMPT_HEADER.pack(FORMAT_VERSION, len(text)), text, p.answer.encode()))
+    header = _PROMPT_HEADER.pack(PROMPT_FORMAT_VERSION, len(text))
+    return b"".join((header, text, p.answer.encode()))
 
 
 def decode_prompt(prompt_id: str, blob: bytes) -> Prompt:
-    if len(blob) < _PROMPT_HEADER.size or blob[0] != FORMAT_VERSION:
-        raise ValueError(f"prompt {prompt_id}: not a version-{FORMAT_VERSION} blob")
+    if len(blob) < _PROMPT_HEADER.size or blob[0] != PROMPT_FORMAT_VERSION:
+        raise ValueError(f"prompt {prompt_id}: not a version-{PROMPT_FORMAT_VERSION} blob")
     _, text_len = _PROMPT_HEADER.unpack_from(blob)
     start = _PROMPT_HEADER.size
     if start + text_len > len(blob):

@@ -7,9 +7,18 @@ import math
 import re
 from collections.abc import Sequence
 
+import numpy as np
+
 from tba.buffer.config import BufferSettings
 from tba.buffer.history import Evaluation
-from tba.domain import FinishReason, Prompt, SampleSpec, Trajectory, WeightVersion
+from tba.domain import (
+    FinishReason,
+    Prompt,
+    SampleSpec,
+    Trajectory,
+    WeightVersion,
+    unpack_logprobs,
+)
 from tba.errors import InvalidArgumentError, ResourceExhaustedError
 from tba.runs import Run, RunIdentity
 
@@ -18,6 +27,11 @@ MAX_ID_CHARS = 128
 MAX_VERSION = 2**53 - 1
 # Rewards and log-probs beyond this are errors upstream; the bound keeps sums in stats finite.
 MAX_ABS_VALUE = 1e12
+# Per-token log-probs must add up to their sequence sum within this many nats plus
+# TOKEN_SUM_RELATIVE of the sum of their magnitudes: room for float32 rounding (the tokens are
+# float32, engines add them in float32 or float64), not for a missing or a foreign token.
+TOKEN_SUM_ABSOLUTE = 1e-3
+TOKEN_SUM_RELATIVE = 1e-4
 # Seconds since the epoch, up to the year 5138.
 MAX_TIME_S = 1e11
 # Metrics one evaluation may carry (accuracy, pass@k, ...).
@@ -139,6 +153,31 @@ def check_trajectory(t: Trajectory, where: str, settings: BufferSettings) -> Non
     check_text(t.completion_text, f"{where}.completion_text")
     if t.finish_reason not in set(FinishReason):
         raise _fail(f"{where}.finish_reason {t.finish_reason} is not a known value")
+    tokens = len(t.completion_token_ids) // 4
+    check_token_logprobs(t.behavior_token_logprobs, t.behavior_logprob, tokens, where, "behavior")
+    check_token_logprobs(t.ref_token_logprobs, t.ref_logprob, tokens, where, "ref")
+
+
+def check_token_logprobs(packed: bytes, total: float, tokens: int, where: str, kind: str) -> None:
+    """Per-token log-probs, when given (empty: not sent): packed float32, one per completion
+    token, finite, adding up to the sequence sum `{kind}_logprob`."""
+    if not packed:
+        return
+    field = f"{where}.{kind}_token_logprobs"
+    if len(packed) % 4:
+        raise _fail(f"{field} must be packed float32 (a multiple of 4 bytes)")
+    values = unpack_logprobs(packed).astype(np.float64)
+    if len(values) != tokens:
+        raise _fail(f"{field} has {len(values)} values for {tokens} completion tokens")
+    if not np.isfinite(values).all():
+        raise _fail(f"{field} holds a value that is not finite")
+    tolerance = TOKEN_SUM_ABSOLUTE + TOKEN_SUM_RELATIVE * float(np.abs(values).sum())
+    if abs(float(values.sum()) - total) > tolerance:
+        raise _fail(
+            f"{field} add up to {values.sum():.6g}, not {where}.{kind}_logprob {total:.6g} "
+            f"(tolerance {TOKEN_SUM_ABSOLUTE:g} + {TOKEN_SUM_RELATIVE:g} x the sum of their "
+            "magnitudes)"
+        )
 
 
 def check_sample(spec: SampleSpec, settings: BufferSettings) -> None:

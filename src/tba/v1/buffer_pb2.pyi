@@ -36,7 +36,7 @@ class Prompt(_message.Message):
     def __init__(self, id: _Optional[str] = ..., text: _Optional[str] = ..., answer: _Optional[str] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("id", "prompt_id", "prompt_token_ids", "completion_token_ids", "completion_text", "reward", "ref_logprob", "behavior_logprob", "policy_version", "searcher_id", "finish_reason", "created_at_s")
+    __slots__ = ("id", "prompt_id", "prompt_token_ids", "completion_token_ids", "completion_text", "reward", "ref_logprob", "behavior_logprob", "policy_version", "searcher_id", "finish_reason", "created_at_s", "behavior_token_logprobs", "ref_token_logprobs")
     ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,8 @@ class Trajectory(_message.Message):
     SEARCHER_ID_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    BEHAVIOR_TOKEN_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    REF_TOKEN_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     id: int
     prompt_id: str
     prompt_token_ids: bytes
@@ -61,7 +63,9 @@ class Trajectory(_message.Message):
     searcher_id: str
     finish_reason: FinishReason
     created_at_s: float
-    def __init__(self, id: _Optional[int] = ..., prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[bytes] = ..., completion_token_ids: _Optional[bytes] = ..., completion_text: _Optional[str] = ..., reward: _Optional[float] = ..., ref_logprob: _Optional[float] = ..., behavior_logprob: _Optional[float] = ..., policy_version: _Optional[int] = ..., searcher_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., created_at_s: _Optional[float] = ...) -> None: ...
+    behavior_token_logprobs: bytes
+    ref_token_logprobs: bytes
+    def __init__(self, id: _Optional[int] = ..., prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[bytes] = ..., completion_token_ids: _Optional[bytes] = ..., completion_text: _Optional[str] = ..., reward: _Optional[float] = ..., ref_logprob: _Optional[float] = ..., behavior_logprob: _Optional[float] = ..., policy_version: _Optional[int] = ..., searcher_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., created_at_s: _Optional[float] = ..., behavior_token_logprobs: _Optional[bytes] = ..., ref_token_logprobs: _Optional[bytes] = ...) -> None: ...
 
 class PutPromptsRequest(_message.Message):
     __slots__ = ("prompts",)

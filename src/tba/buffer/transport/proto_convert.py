@@ -31,6 +31,8 @@ def trajectory_to_pb(t: domain.Trajectory) -> pb.Trajectory:
         searcher_id=t.searcher_id,
         finish_reason=int(t.finish_reason),  # type: ignore[arg-type]
         created_at_s=t.created_at_s,
+        behavior_token_logprobs=t.behavior_token_logprobs,
+        ref_token_logprobs=t.ref_token_logprobs,
     )
 
 
@@ -48,6 +50,8 @@ def trajectory_from_pb(msg: pb.Trajectory) -> domain.Trajectory:
         searcher_id=msg.searcher_id,
         finish_reason=_finish_reason(msg.finish_reason),
         created_at_s=msg.created_at_s,
+        behavior_token_logprobs=msg.behavior_token_logprobs,
+        ref_token_logprobs=msg.ref_token_logprobs,
     )
 
 
