@@ -46,7 +46,7 @@ from tba.models.config import ModelSettings
 from tba.objectstore.config import ObjectStoreSettings
 from tba.searcher.config import EngineSettings, SearcherRunSettings, SearcherSettings
 from tba.searcher.engine import SamplingParams
-from tba.searcher.finish import ReferenceModel
+from tba.searcher.finish import ReferenceLogprobs, ReferenceModel
 from tba.searcher.main import Searcher, build_searcher
 from tba.tasks.base import Split
 from tba.tasks.config import TaskSettings
@@ -99,7 +99,7 @@ class CpuTimedReference:
 
     def score(
         self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
-    ) -> list[float]:
+    ) -> list[ReferenceLogprobs]:
         started = time.thread_time()
         values = self.inner.score(prompts, completions)
         self.cpu_s += time.thread_time() - started

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tba.domain import FinishReason
+from tba.domain import FinishReason, unpack_logprobs
 from tba.errors import InvalidArgumentError
 from tba.models.config import ModelSettings
 from tba.models.loading import load_model
@@ -73,6 +73,11 @@ def test_behaviour_logprob_equals_sequence_logprobs(eos_nats):
         )
     got = torch.tensor([c.behavior_logprob for _, c in rows])
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+    # Per token: one value per completion token, adding up to the sum in float32.
+    for _, c in rows:
+        tokens = unpack_logprobs(c.token_logprobs)
+        assert len(tokens) == len(c.token_ids)
+        assert float(torch.from_numpy(tokens.copy()).sum()) == c.behavior_logprob
 
 
 def test_seeded_generation_is_reproducible():

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from tba.domain import FinishReason
+from tba.domain import FinishReason, unpack_logprobs
 from tba.errors import InvalidArgumentError
 from tba.models.logprobs import sequence_logprobs
 from tba.models.tiny import build_tiny_model, build_tiny_tokenizer
@@ -123,6 +123,11 @@ def test_behaviour_logprobs_are_those_of_logits_over_temperature(
         assert torch.allclose(got, expected, rtol=0.0, atol=LOGPROB_TOLERANCE), (
             (got - expected).abs().max()
         )
+        for c in (c for group in samples for c in group):
+            # One per token; cumulative_logprob is their sum (as float64, in vLLM).
+            tokens = unpack_logprobs(c.token_logprobs).astype(float)
+            assert len(tokens) == len(c.token_ids)
+            assert abs(tokens.sum() - c.behavior_logprob) < 1e-6
 
 
 def test_hot_reload_swaps_weights_and_back_without_restarting(

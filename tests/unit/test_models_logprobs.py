@@ -11,20 +11,29 @@ import torch
 
 from tba.models.config import ModelSettings
 from tba.models.loading import load_model
-from tba.models.logprobs import pack_shared_prompts, plan_sequences, sequence_logprobs
+from tba.models.logprobs import (
+    pack_shared_prompts,
+    plan_sequences,
+    sequence_logprobs,
+    token_logprobs,
+)
 
 MODEL = ModelSettings(tiny_layers=2, tiny_width=32, tiny_heads=2, tiny_positions=128)
 TEMPERATURE = 0.7
 
 
-def _alone(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+def _alone_tokens(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
     """The plain definition: one unpadded causal pass, log-softmax of each completion token."""
     ids = torch.tensor([[*prompt, *completion]])
     logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float() / TEMPERATURE
     logprobs = torch.log_softmax(logits, dim=-1)
     targets = ids[0, 1:]
     picked = logprobs[torch.arange(targets.numel()), targets]
-    return picked[len(prompt) - 1 :].sum()
+    return picked[len(prompt) - 1 :]
+
+
+def _alone(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    return _alone_tokens(model, prompt, completion).sum()
 
 
 def _groups(seed: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -112,3 +121,18 @@ def test_bad_input_is_refused(prompts, completions, temperature, message):
     tokenizer, model = load_model(MODEL, 0)
     with pytest.raises(ValueError, match=message):
         sequence_logprobs(model, prompts, completions, temperature, tokenizer.pad_token_id)
+
+
+def test_token_logprobs_are_each_rows_tokens_in_order_and_sum_to_the_sequence():
+    tokenizer, model = load_model(MODEL, 0)
+    prompts, completions = _groups(0)
+    pad = tokenizer.pad_token_id
+    with torch.no_grad():
+        tokens = token_logprobs(model, prompts, completions, TEMPERATURE, pad)
+        per_row = tokens.per_row()
+        for got, p, c in zip(per_row, prompts, completions, strict=True):
+            torch.testing.assert_close(got, _alone_tokens(model, p, c), atol=1e-4, rtol=0)
+        # The sequence sums are those of `sequence_logprobs` bit for bit, as before.
+        sums = sequence_logprobs(model, prompts, completions, TEMPERATURE, pad)
+    assert torch.equal(tokens.sums(), sums)
+    assert [len(r) for r in per_row] == [len(c) for c in completions]

@@ -15,7 +15,17 @@ from typing import Any
 import pytest
 import torch
 
-from tba.domain import AddResult, FinishReason, Lease, Prompt, Trajectory, unpack_tokens
+from tba.buffer.config import BufferSettings
+from tba.buffer.validation import check_trajectory
+from tba.domain import (
+    AddResult,
+    FinishReason,
+    Lease,
+    Prompt,
+    Trajectory,
+    unpack_logprobs,
+    unpack_tokens,
+)
 from tba.errors import UnavailableError
 from tba.models.config import ModelSettings
 from tba.models.loading import load_model
@@ -23,6 +33,7 @@ from tba.objectstore.local import FileStore
 from tba.objectstore.weights import publish_weights
 from tba.searcher.config import EngineSettings, SearcherSettings
 from tba.searcher.engine import SamplingParams
+from tba.searcher.finish import ReferenceLogprobs
 from tba.searcher.hf_engine import TransformersEngine
 from tba.searcher.loop import SearcherLoop
 from tba.searcher.metrics import SearcherMetrics
@@ -241,6 +252,18 @@ def test_rounds_stop_at_max_rounds_and_carry_every_field(tmp_path):
         assert t.policy_version == 0
         assert t.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
         assert t.created_at_s > 0 and math.isfinite(t.ref_logprob + t.behavior_logprob)
+        # Per-token log-probs ride along; the buffer's checks (count, finite, sums) pass.
+        assert len(unpack_logprobs(t.behavior_token_logprobs)) == len(completion)
+        assert len(unpack_logprobs(t.ref_token_logprobs)) == len(completion)
+        check_trajectory(t, "t", BufferSettings())
+
+
+def test_without_token_logprobs_only_the_sums_are_posted(tmp_path):
+    buffer = RecordingBuffer(PROMPTS)
+    make_loop(tmp_path, buffer, token_logprobs=False).round()
+    posted = buffer.posted()
+    assert posted and all(math.isfinite(t.ref_logprob) for t in posted)
+    assert {(t.behavior_token_logprobs, t.ref_token_logprobs) for t in posted} == {(b"", b"")}
 
 
 def test_each_round_measures_the_diversity_of_its_prompt_groups_for_its_version(tmp_path):
@@ -410,7 +433,7 @@ class GatedReference:
 
     def score(
         self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
-    ) -> list[float]:
+    ) -> list[ReferenceLogprobs]:
         self.calls += 1
         if self.calls < self.last_round:
             assert self.trace.generating[self.calls + 1].wait(timeout=120)

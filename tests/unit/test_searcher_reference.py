@@ -8,6 +8,7 @@ import random
 
 import torch
 
+from tba.domain import unpack_logprobs
 from tba.models.config import ModelSettings
 from tba.models.loading import load_model
 from tba.models.logprobs import sequence_logprobs
@@ -50,4 +51,20 @@ def test_scores_equal_each_completion_scored_alone_in_order():
             sequence_logprobs(model, [p], [c], 0.7, tokenizer.pad_token_id).item()
             for p, c in zip(prompts, completions, strict=True)
         ]
-    torch.testing.assert_close(torch.tensor(got), torch.tensor(alone), atol=1e-4, rtol=0)
+    sums = torch.tensor([g.logprob for g in got])
+    torch.testing.assert_close(sums, torch.tensor(alone), atol=1e-4, rtol=0)
+    # Each row's tokens, one per completion token, add up to its sum (float32 rounding).
+    tokens = [torch.from_numpy(unpack_logprobs(g.token_logprobs).copy()) for g in got]
+    assert [len(t) for t in tokens] == [len(c) for c in completions]
+    torch.testing.assert_close(torch.stack([t.sum() for t in tokens]), sums, atol=1e-5, rtol=1e-6)
+
+
+def test_scored_sums_are_sequence_logprobs_bit_for_bit():
+    tokenizer, model = load_model(MODEL, 0)
+    prompts, completions = [[1, 5, 6], [1, 5, 6], [1, 9]], [[7, 8, 2], [9], [4, 4, 4, 4]]
+    got = ReferenceScorer(model, tokenizer.pad_token_id, 0.7, batch_size=8).score(
+        prompts, completions
+    )
+    with torch.inference_mode():
+        want = sequence_logprobs(model, prompts, completions, 0.7, tokenizer.pad_token_id)
+    assert [g.logprob for g in got] == want.tolist()

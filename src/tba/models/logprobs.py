@@ -1,4 +1,5 @@
-"""Sequence log-probabilities of completions, shared by the trainer (policy) and the
+"""Sequence log-probabilities of completions, and their per-token terms (`token_logprobs`,
+whose `sums` are `sequence_logprobs` exactly), shared by the trainer (policy) and the
 searcher (reference), so both compute exactly the same quantity (DESIGN.md section 2):
 logits divided by the sampling temperature, completion tokens only (prompt and padding
 masked, a final EOS counted).
@@ -42,14 +43,34 @@ class SharedPromptBatch:
     rows: int
 
 
-def sequence_logprobs(
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Each completion token's log-prob ([T], in packed order) and the row it belongs to."""
+
+    values: torch.Tensor
+    row: torch.Tensor
+    rows: int
+
+    def sums(self) -> torch.Tensor:
+        """[rows] the sequence log-prob of each row (`sequence_logprobs`)."""
+        return self.values.new_zeros(self.rows).index_add(0, self.row, self.values)
+
+    def per_row(self) -> list[torch.Tensor]:
+        """Each row's token log-probs in completion order (packing keeps a row's tokens in
+        order, so a stable sort by row puts them back in row order)."""
+        order = torch.argsort(self.row, stable=True)
+        counts = torch.bincount(self.row, minlength=self.rows)
+        return list(torch.split(self.values[order], counts.tolist()))
+
+
+def token_logprobs(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
     completions: Sequence[Sequence[int]],
     temperature: float,
     pad_token_id: int,
-) -> torch.Tensor:
-    """[N] sum of completion-token log-probs; differentiable (wrap in no_grad for inference)."""
+) -> TokenLogprobs:
+    """Every completion token's log-prob; differentiable (wrap in no_grad for inference)."""
     if temperature <= 0:
         raise ValueError("temperature must be > 0")
     device = next(model.parameters()).device
@@ -62,8 +83,18 @@ def sequence_logprobs(
     ).logits
     picked = logits[batch.target_sequence, batch.target_position].float() / temperature
     token = picked.gather(-1, batch.target_token.unsqueeze(-1)).squeeze(-1)
-    logprobs = token - torch.logsumexp(picked, dim=-1)
-    return logprobs.new_zeros(batch.rows).index_add(0, batch.target_row, logprobs)
+    return TokenLogprobs(token - torch.logsumexp(picked, dim=-1), batch.target_row, batch.rows)
+
+
+def sequence_logprobs(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    temperature: float,
+    pad_token_id: int,
+) -> torch.Tensor:
+    """[N] sum of completion-token log-probs; differentiable (wrap in no_grad for inference)."""
+    return token_logprobs(model, prompts, completions, temperature, pad_token_id).sums()
 
 
 def pack_shared_prompts(

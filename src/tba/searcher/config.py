@@ -61,6 +61,12 @@ class SearcherSettings(WandbSettings):
         description="Most completions per reference log-prob forward pass (fewer where "
         "their lengths differ: a batch's padding stays within 10% of its tokens).",
     )
+    token_logprobs: bool = Field(
+        True,
+        description="Send each trajectory's behaviour and reference log-probs per completion "
+        "token too (8 bytes a token on the wire and in the buffer, beside 4 for its id): "
+        'the trainer\'s `kl_token_mean` and `importance_clip_level = "token"` need them.',
+    )
     add_batch_size: int = Field(
         1024, ge=1, le=65_536, description="Most trajectories per AddTrajectories call."
     )

@@ -1,7 +1,7 @@
 """What a searcher needs of a generation engine: sample n completions per prompt (token ids,
-text, behaviour log-prob sums, finish reasons), load a weight version from a local directory
-without restarting (prepared on another thread while it generates, then swapped in between
-rounds), and say which version it holds.
+text, behaviour log-prob sums and per-token log-probs, finish reasons), load a weight version
+from a local directory without restarting (prepared on another thread while it generates,
+then swapped in between rounds), and say which version it holds.
 
 Implementations: `tba.searcher.hf_engine.TransformersEngine` (CPU default for small runs) and
 `tba.searcher.vllm_engine.VllmEngine` (the main engine; the only module importing vLLM).
@@ -38,12 +38,15 @@ class Completion:
     """One sampled completion. `token_ids` end at the first EOS, which is included (finish
     reason STOP); a completion cut by `max_new_tokens` has no EOS (LENGTH).
     `behavior_logprob` is the sum of the sampled tokens' log-probs under logits /
-    temperature, EOS included (the trajectory's `behavior_logprob`)."""
+    temperature, EOS included (the trajectory's `behavior_logprob`); `token_logprobs` are
+    those log-probs one per token of `token_ids`, packed float32 (`tba.domain.pack_logprobs`),
+    adding up to `behavior_logprob` to float32 rounding."""
 
     token_ids: list[int]
     text: str
     behavior_logprob: float
     finish_reason: FinishReason
+    token_logprobs: bytes = b""
 
 
 @dataclass(frozen=True)

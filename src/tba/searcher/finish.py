@@ -44,10 +44,19 @@ class TrajectorySink(Protocol):
     ) -> AddResult: ...
 
 
+@dataclass(frozen=True)
+class ReferenceLogprobs:
+    """log pi_ref of one completion: the sequence sum and the per-token values it adds,
+    packed float32 (`tba.domain.pack_logprobs`)."""
+
+    logprob: float
+    token_logprobs: bytes
+
+
 class ReferenceModel(Protocol):
     def score(
         self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
-    ) -> list[float]: ...
+    ) -> list[ReferenceLogprobs]: ...
 
 
 class RoundMetrics(Protocol):
@@ -193,16 +202,17 @@ class RoundFinisher:
         self, scored: list[PendingTrajectory], policy_version: int
     ) -> list[Trajectory]:
         """Trajectories with reference log-probs (rows whose reference is not finite are
-        dropped, logged)."""
+        dropped, logged), and per-token log-probs with `token_logprobs`."""
         if not scored:
             return []
         refs = self.reference.score(
             [c.prompt_tokens for c in scored], [c.completion.token_ids for c in scored]
         )
         created_at_s = self.clock.time()
+        per_token = self.settings.token_logprobs
         trajectories = []
         for candidate, ref in zip(scored, refs, strict=True):
-            if not math.isfinite(ref):
+            if not math.isfinite(ref.logprob):
                 log.warning("prompt %s: reference log-prob %r; dropped", candidate.prompt.id, ref)
                 continue
             completion = candidate.completion
@@ -213,11 +223,13 @@ class RoundFinisher:
                     completion_token_ids=pack_tokens(completion.token_ids),
                     completion_text=completion.text,
                     reward=candidate.reward,
-                    ref_logprob=ref,
+                    ref_logprob=ref.logprob,
                     behavior_logprob=completion.behavior_logprob,
                     policy_version=policy_version,
                     finish_reason=completion.finish_reason,
                     created_at_s=created_at_s,
+                    behavior_token_logprobs=completion.token_logprobs if per_token else b"",
+                    ref_token_logprobs=ref.token_logprobs if per_token else b"",
                 )
             )
         return trajectories

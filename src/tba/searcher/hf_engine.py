@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from tba.domain import FinishReason
+from tba.domain import FinishReason, pack_logprobs
 from tba.errors import InvalidArgumentError
 from tba.models.device import pick_device, pick_dtype
 from tba.models.generate import (
@@ -123,8 +123,10 @@ class TransformersEngine:
         tokens, stopped = cut_at_eos(tokens, eos_ids=self.eos_token_ids)
         finish = FinishReason.STOP if stopped else FinishReason.LENGTH
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        behavior_logprob = float(logprobs[: len(tokens)].sum())
-        return Completion(tokens, text, behavior_logprob, finish)
+        kept = logprobs[: len(tokens)]
+        # The sum as before (float32, in torch); the tokens are the values it adds.
+        behavior_logprob = float(kept.sum())
+        return Completion(tokens, text, behavior_logprob, finish, pack_logprobs(kept.numpy()))
 
     def prepare_weights(self, weights_dir: Path) -> PreparedWeights:
         """Reads the safetensors of a `save_pretrained` directory into new tensors of the

@@ -4,7 +4,7 @@ the trainer never runs the reference model (DESIGN.md section 2).
 
 This forward pass is most of a round's finish stage, whose CPU comes out of the next round's
 generation when no core is spare, so it wastes as little as it can: completions are planned
-into the packed sequences `sequence_logprobs` runs (a prompt's short completions share one),
+into the packed sequences `token_logprobs` runs (a prompt's short completions share one),
 and the sequences sorted by length and batched so that padding stays within `MAX_PADDING` of
 the tokens scored, under inference mode."""
 
@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 
-from tba.models.logprobs import hidden_size_of, packed_length, plan_sequences, sequence_logprobs
+from tba.domain import pack_logprobs
+from tba.models.logprobs import hidden_size_of, packed_length, plan_sequences, token_logprobs
+from tba.searcher.finish import ReferenceLogprobs
 
 # Padded positions cost as much as real ones, and on a CPU a forward pass costs about the same
 # per token from 4 rows a batch up, so a batch is cut where padding would pass this fraction of
@@ -43,27 +45,30 @@ class ReferenceScorer:
 
     def score(
         self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
-    ) -> list[float]:
-        """Temperature-scaled sequence log-probs of each (prompt, completion), in order."""
+    ) -> list[ReferenceLogprobs]:
+        """Temperature-scaled log-probs of each (prompt, completion), in order: the sequence
+        sum (`sequence_logprobs`, bit for bit) and its per-token values."""
         if len(prompts) != len(completions):
             raise ValueError("prompts and completions differ in number")
         width = hidden_size_of(self.model)
         sequences = plan_sequences(prompts, completions, width, self.batch_size)
         lengths = [packed_length(prompts, completions, rows) for rows in sequences]
-        values = [0.0] * len(prompts)
+        values: dict[int, ReferenceLogprobs] = {}
         with torch.inference_mode():
             for batch in length_batches(lengths, self.batch_size, [len(r) for r in sequences]):
                 rows = [i for s in batch for i in sequences[s]]
-                logprobs = sequence_logprobs(
+                scored = token_logprobs(
                     self.model,
                     [prompts[i] for i in rows],
                     [completions[i] for i in rows],
                     self.temperature,
                     self.pad_token_id,
                 )
-                for i, value in zip(rows, logprobs.float().cpu().tolist(), strict=True):
-                    values[i] = value
-        return values
+                sums = scored.sums().float().cpu().tolist()
+                tokens = scored.per_row()
+                for i, total, row_tokens in zip(rows, sums, tokens, strict=True):
+                    values[i] = ReferenceLogprobs(total, pack_logprobs(row_tokens.float().cpu()))
+        return [values[i] for i in range(len(prompts))]
 
 
 def length_batches(

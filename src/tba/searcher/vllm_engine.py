@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tba.domain import FinishReason
+from tba.domain import FinishReason, pack_logprobs
 from tba.errors import InvalidArgumentError
 from tba.searcher.config import EngineSettings
 from tba.searcher.engine import Completion, PreparedWeights, SamplingParams, check_request
@@ -74,7 +74,8 @@ class VllmEngine:
                 top_k=0,
                 max_tokens=params.max_new_tokens,
                 seed=None if params.seed is None else params.seed + i * params.n,
-                # 0: only the sampled token's log-prob, summed into cumulative_logprob.
+                # 0: only the sampled token's log-prob (the per-token behaviour log-probs),
+                # summed into cumulative_logprob.
                 logprobs=0,
                 flat_logprobs=True,
                 skip_special_tokens=True,
@@ -163,14 +164,26 @@ def _completion(sample: Any) -> Completion:
     finish = FINISH_REASONS.get(sample.finish_reason)
     if finish is None:
         raise RuntimeError(f"vLLM ended a completion with {sample.finish_reason!r}")
-    if sample.cumulative_logprob is None:
+    if sample.cumulative_logprob is None or sample.logprobs is None:
         raise RuntimeError("vLLM returned no log-probs for a completion")
     return Completion(
         token_ids=list(sample.token_ids),
         text=sample.text,
         behavior_logprob=float(sample.cumulative_logprob),
         finish_reason=finish,
+        token_logprobs=pack_logprobs(_sampled_logprobs(sample.logprobs, len(sample.token_ids))),
     )
+
+
+def _sampled_logprobs(flat: Any, tokens: int) -> list[float]:
+    """The sampled token's log-prob at each position of `FlatLogprobs` (`flat_logprobs=True`):
+    vLLM puts the sampled token first in each position's range (with `logprobs=0`, alone);
+    `cumulative_logprob` is the sum of these very values."""
+    starts = flat.start_indices
+    if len(starts) != tokens:
+        raise RuntimeError(f"vLLM returned log-probs for {len(starts)} of {tokens} tokens")
+    values: list[float] = flat.logprobs
+    return [values[i] for i in starts]
 
 
 def _check_loadable(current: Any, weights_dir: Path) -> None:
