@@ -2,7 +2,7 @@ import torch
 
 from tba.domain import Batch, Prompt, PromptGroup, SampleSource
 from tba.trainer.collate import collate, plan_micro_batches, shard_rows, splits_groups
-from tests.fixtures.data import trajectory
+from tests.fixtures.data import trajectory, with_token_logprobs
 
 
 def group(prompt_id: str, *completions: tuple[int, ...], policy_version: int = 0) -> PromptGroup:
@@ -52,3 +52,14 @@ def test_shards_cover_every_row_once_with_equal_lengths():
     ]
     assert real == list(range(7))
     assert shards[2][1].tolist() == [1.0, 0.0, 0.0]
+
+
+def test_collate_unpacks_each_rows_token_logprobs_and_leaves_missing_ones_empty():
+    sent = with_token_logprobs(trajectory("a", (5, 2)), [-0.5, -0.25], [-1.0, -2.0])
+    batch = Batch(
+        [PromptGroup(Prompt("a", "t"), [sent, trajectory("a", (6,))], SampleSource.RECENCY)], 0
+    )
+    train = collate(batch)
+    assert [t.tolist() for t in train.behavior_tokens] == [[-0.5, -0.25], []]
+    assert [t.tolist() for t in train.ref_tokens] == [[-1.0, -2.0], []]
+    assert [t.tolist() for t in train.select(torch.tensor([1, 0])).ref_tokens] == [[], [-1, -2]]

@@ -12,7 +12,10 @@ def batch(tokenizer) -> TrainBatch:
     completions = [[7, tokenizer.eos_token_id], [8, 9, tokenizer.eos_token_id]]
     stored = torch.tensor([-5.0, -6.0])
     inputs = LossInputs(stored, stored, torch.zeros(2), torch.tensor([0, 1]), 2)
-    return TrainBatch(prompts, completions, inputs, torch.zeros(2, dtype=torch.long), 0)
+    empty = [torch.zeros(0), torch.zeros(0)]
+    return TrainBatch(
+        prompts, completions, inputs, torch.zeros(2, dtype=torch.long), 0, empty, empty
+    )
 
 
 def test_reset_freezes_a_copy_of_the_policy_and_relabels_from_it():
@@ -31,6 +34,9 @@ def test_reset_freezes_a_copy_of_the_policy_and_relabels_from_it():
     relabelled = resets.relabel(data)
     torch.testing.assert_close(relabelled.inputs.ref_logprob, at_reset)
     assert relabelled.inputs.behavior_logprob.tolist() == [-5.0, -6.0]
+    # The per-token reference log-probs come from the copy too, one per completion token.
+    assert [len(t) for t in relabelled.ref_tokens] == [2, 3]
+    torch.testing.assert_close(torch.stack([t.sum() for t in relabelled.ref_tokens]), at_reset)
 
     state = resets.state_dict()
     assert state is not None

@@ -3,10 +3,12 @@ on on-policy data the TB gradient is mean-baseline REINFORCE with the KL in the 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from tba.models.logprobs import sequence_logprobs
+from tba.models.logprobs import sequence_logprobs, token_logprobs
 from tba.models.tiny import build_tiny_model, build_tiny_tokenizer
 from tba.trainer.collate import TrainBatch
 from tba.trainer.config import OptimSettings
@@ -50,13 +52,27 @@ def make_batch(tokenizer, engine: LocalEngine, on_policy: bool) -> TrainBatch:
     behavior = current if on_policy else current + torch.randn(n, generator=gen)
     reward = (torch.rand(n, generator=gen) > 0.5).float()
     inputs = LossInputs(ref, behavior, reward, torch.tensor(groups), len(SIZES))
-    return TrainBatch(prompts, completions, inputs, torch.zeros(n, dtype=torch.long), 0)
+    # Per-token log-probs: the behaviour's spread over each row's tokens, the reference's
+    # the policy's own minus 0.1 a token.
+    with torch.no_grad():
+        scored = token_logprobs(
+            engine.module, prompts, completions, TEMPERATURE, tokenizer.pad_token_id
+        ).per_row()
+    behavior_tokens = [
+        torch.full((len(c),), float(b) / len(c)) for c, b in zip(completions, behavior, strict=True)
+    ]
+    ref_tokens = [t.float() - 0.1 for t in scored]
+    versions = torch.zeros(n, dtype=torch.long)
+    return TrainBatch(prompts, completions, inputs, versions, 0, behavior_tokens, ref_tokens)
 
 
 def gradient(engine: LocalEngine, batch: TrainBatch, objective: Objective, micro: int):
     engine.optimizer.zero_grad(set_to_none=True)
     layout = plan_layout(batch, micro, rank=0, world_size=1)
-    result = accumulate_gradients(engine, batch, layout, objective, 0.1, SCORING)
+    clip = getattr(objective, "clip", None)
+    token_clip = clip if clip is not None and clip.level == "token" else None
+    scoring = Scoring(TEMPERATURE, 0, token_clip)
+    result = accumulate_gradients(engine, batch, layout, objective, 0.1, scoring)
     grads = [p.grad.clone() for p in engine.module.parameters() if p.grad is not None]
     return result, grads
 
@@ -66,11 +82,12 @@ def gradient(engine: LocalEngine, batch: TrainBatch, objective: Objective, micro
     [
         TrajectoryBalance(),
         TrajectoryBalance(ImportanceClip(0.2, 1.5)),
+        TrajectoryBalance(ImportanceClip(0.2, 1.5, "token")),
         Rloo(),
         Grpo(0.2),
         OnlineDpo(),
     ],
-    ids=["tb", "tb-importance", "rloo", "grpo", "online_dpo"],
+    ids=["tb", "tb-importance", "tb-token-importance", "rloo", "grpo", "online_dpo"],
 )
 def test_any_micro_batch_layout_gives_the_full_batch_gradient(tokenizer, objective):
     engine = tiny_engine(tokenizer)
@@ -88,6 +105,26 @@ def test_any_micro_batch_layout_gives_the_full_batch_gradient(tokenizer, objecti
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_kl_token_mean_is_over_the_tokens_of_rows_with_reference_tokens(tokenizer):
+    engine = tiny_engine(tokenizer)
+    batch = make_batch(tokenizer, engine, on_policy=True)
+    result, _ = gradient(engine, batch, TrajectoryBalance(), micro=3)
+    # Every stored reference token is the policy's own minus 0.1 (no step taken yet).
+    assert result.kl_token_mean == pytest.approx(0.1, abs=1e-5)
+    # Rows without reference tokens (older searchers) do not count; none at all: no metric.
+    half = [t if i % 2 else torch.zeros(0) for i, t in enumerate(batch.ref_tokens)]
+    half[1] = half[1] - 1.0  # this row's tokens now differ by 1.1 each
+    tb = TrajectoryBalance()
+    partial, _ = gradient(engine, dataclasses.replace(batch, ref_tokens=half), tb, micro=3)
+    tokens = [len(t) for t in half]
+    expected = (0.1 * sum(tokens) + 1.0 * tokens[1]) / sum(tokens)
+    assert partial.kl_token_mean == pytest.approx(expected, abs=1e-5)
+    none = [torch.zeros(0)] * batch.size
+    bare, _ = gradient(engine, dataclasses.replace(batch, ref_tokens=none), tb, micro=3)
+    assert bare.kl_token_mean is None
+    assert bare.loss == pytest.approx(result.loss)
+
+
 def test_on_policy_tb_gradient_is_kl_regularised_reinforce(tokenizer):
     engine = tiny_engine(tokenizer)
     batch = make_batch(tokenizer, engine, on_policy=True)
@@ -95,7 +132,7 @@ def test_on_policy_tb_gradient_is_kl_regularised_reinforce(tokenizer):
     _, tb_grads = gradient(engine, batch, TrajectoryBalance(), micro=3)
 
     engine.optimizer.zero_grad(set_to_none=True)
-    logp = policy_logprobs(engine, batch, SCORING)
+    logp, _ = policy_logprobs(engine, batch, SCORING)
     x = batch.inputs
     shaped = x.reward - beta * (logp.detach() - x.ref_logprob)
     baseline = torch.stack([shaped[x.group_index == g].mean() for g in x.group_index])

@@ -15,19 +15,23 @@ from dataclasses import dataclass
 
 import torch
 
-from tba.domain import Batch, unpack_tokens
+from tba.domain import Batch, unpack_logprobs, unpack_tokens
 from tba.trainer.loss import LossInputs
 
 
 @dataclass(frozen=True)
 class TrainBatch:
-    """One training batch as rows (one per trajectory), grouped by prompt."""
+    """One training batch as rows (one per trajectory), grouped by prompt. `behavior_tokens`
+    and `ref_tokens` are each row's stored per-token log-probs ([tokens] float32; empty where
+    its searcher sent none)."""
 
     prompts: list[list[int]]
     completions: list[list[int]]
     inputs: LossInputs
     policy_version: torch.Tensor  # [n] int64: weight version that generated each row
     latest_version: int
+    behavior_tokens: list[torch.Tensor]
+    ref_tokens: list[torch.Tensor]
 
     @property
     def size(self) -> int:
@@ -41,19 +45,27 @@ class TrainBatch:
             self.inputs.select(rows),
             self.policy_version[rows],
             self.latest_version,
+            [self.behavior_tokens[i] for i in picked],
+            [self.ref_tokens[i] for i in picked],
         )
 
-    def with_ref_logprob(self, ref_logprob: torch.Tensor) -> TrainBatch:
-        ref = ref_logprob.to(self.inputs.ref_logprob.dtype)
-        return self._with_inputs(dataclasses.replace(self.inputs, ref_logprob=ref))
+    def with_ref_logprob(
+        self, ref_logprob: torch.Tensor, ref_tokens: list[torch.Tensor]
+    ) -> TrainBatch:
+        inputs = dataclasses.replace(
+            self.inputs, ref_logprob=ref_logprob.to(self.inputs.ref_logprob.dtype)
+        )
+        return dataclasses.replace(self, inputs=inputs, ref_tokens=ref_tokens)
 
     def with_prior_weight(self, prior_weight: float) -> TrainBatch:
         """The batch with the TB target's weight of log pi_ref set for this step."""
-        return self._with_inputs(dataclasses.replace(self.inputs, prior_weight=prior_weight))
+        return dataclasses.replace(
+            self, inputs=dataclasses.replace(self.inputs, prior_weight=prior_weight)
+        )
 
-    def _with_inputs(self, inputs: LossInputs) -> TrainBatch:
-        return TrainBatch(
-            self.prompts, self.completions, inputs, self.policy_version, self.latest_version
+    def with_token_weight(self, token_weight: torch.Tensor) -> TrainBatch:
+        return dataclasses.replace(
+            self, inputs=dataclasses.replace(self.inputs, token_weight=token_weight)
         )
 
 
@@ -62,6 +74,8 @@ def collate(batch: Batch) -> TrainBatch:
     prompts: list[list[int]] = []
     completions: list[list[int]] = []
     ref, behavior, reward, group, version = [], [], [], [], []
+    behavior_tokens: list[torch.Tensor] = []
+    ref_tokens: list[torch.Tensor] = []
     groups = [g for g in batch.groups if g.trajectories]
     for index, g in enumerate(groups):
         for t in g.trajectories:
@@ -72,6 +86,8 @@ def collate(batch: Batch) -> TrainBatch:
             reward.append(t.reward)
             group.append(index)
             version.append(t.policy_version)
+            behavior_tokens.append(_tensor(t.behavior_token_logprobs))
+            ref_tokens.append(_tensor(t.ref_token_logprobs))
     inputs = LossInputs(
         torch.tensor(ref, dtype=torch.float32),
         torch.tensor(behavior, dtype=torch.float32),
@@ -79,9 +95,15 @@ def collate(batch: Batch) -> TrainBatch:
         torch.tensor(group, dtype=torch.long),
         len(groups),
     )
+    versions = torch.tensor(version, dtype=torch.long)
     return TrainBatch(
-        prompts, completions, inputs, torch.tensor(version, dtype=torch.long), batch.latest_version
+        prompts, completions, inputs, versions, batch.latest_version, behavior_tokens, ref_tokens
     )
+
+
+def _tensor(packed: bytes) -> torch.Tensor:
+    # A copy: frombuffer's array over immutable bytes is read-only, which torch warns about.
+    return torch.from_numpy(unpack_logprobs(packed).copy())
 
 
 def plan_micro_batches(group_index: torch.Tensor, micro_batch_size: int) -> list[torch.Tensor]:

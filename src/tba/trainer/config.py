@@ -144,6 +144,14 @@ class TrainerSettings(Section):
         "Ignored, with a warning, by `grpo` (it clips its own ratio, `grpo_clip_epsilon`) and "
         "`online_dpo`.",
     )
+    importance_clip_level: Literal["sequence", "token"] = Field(
+        "sequence",
+        description="With `importance_weights`: clip the sequence's ratio exp(log pi_theta - "
+        "log pi_behaviour), or (`token`) each token's, a trajectory weighing the mean of its "
+        "tokens' clipped ratios (log Z weighted alike). `token` needs per-token behaviour "
+        "log-probs (`[searcher] token_logprobs`); a batch without them stops the trainer "
+        "with an error.",
+    )
     importance_weight_min: float = Field(
         0.0, ge=0.0, le=1e6, description="Lower clip of exp(log pi_theta - log pi_behaviour)."
     )
@@ -201,6 +209,12 @@ class TrainerSettings(Section):
     def _check_bounds(self) -> TrainerSettings:
         if self.importance_weight_min >= self.importance_weight_max:
             raise ValueError("importance_weight_min must be below importance_weight_max")
+        clipped = self.importance_weights and self.objective in ("tb", "rloo")
+        if self.importance_clip_level == "token" and not clipped:
+            raise ValueError(
+                'importance_clip_level = "token" needs importance_weights = true and '
+                'objective "tb" or "rloo"'
+            )
         if self.min_batch_prompts > self.num_prompts:
             # No draw of num_prompts groups ever holds more: the trainer would wait forever.
             raise ValueError("min_batch_prompts must be at most num_prompts")

@@ -30,7 +30,7 @@ from tba.trainer.checkpoint import Checkpointer, LoopState
 from tba.trainer.config import TrainerSettings
 from tba.trainer.engine import TrainEngine
 from tba.trainer.fill import InitialFill
-from tba.trainer.loss import Objective, beta_at, ramp_at, tb_target
+from tba.trainer.loss import Objective, beta_at, importance_clip, ramp_at, tb_target
 from tba.trainer.metrics import MetricsSink
 from tba.trainer.optim import RewardDecay
 from tba.trainer.publish import PublishFailedError, PublishProgress
@@ -154,7 +154,7 @@ class TrainerLoop:
             engine=self.engine,
             objective=self.objective,
             reference=self.reference,
-            scoring=Scoring(self.temperature, self.pad_token_id),
+            scoring=self._scoring(),
             micro_batch_size=s.micro_batch_size,
             beta=target.beta,
             step=self.state.step,
@@ -182,6 +182,13 @@ class TrainerLoop:
         if self.state.step % self.log_every_steps == 0:
             self.metrics.write(self.state.step, values)
         return values
+
+    def _scoring(self) -> Scoring:
+        """How the step scores rows; the clip rides along when it is per token (the step
+        computes those weights from the policy's token log-probs)."""
+        clip = importance_clip(self.settings)
+        token_clip = clip if clip is not None and clip.level == "token" else None
+        return Scoring(self.temperature, self.pad_token_id, token_clip)
 
     def publish(self) -> WeightVersion | None:
         """Hands the current weights to the publisher; the newest version announced (the

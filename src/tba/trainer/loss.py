@@ -12,8 +12,10 @@ temperature gamma and a temperature T of the whole target, so c = 1 / (gamma T) 
 reward's beta becomes beta T.
 
 with w_j = 1, or, behind config, clipped importance weights stop_grad(clip(exp(log pi_theta
-- log pi_behaviour))). With weights, log Z_g is the weighted mean, the log Z that minimises the
-weighted loss, so that the gradient is the same whether or not log Z is stopped.
+- log pi_behaviour))) of the sequence, or the mean of its tokens' clipped ratios
+(`importance_clip_level = "token"`, `tba.trainer.tokens`). With weights, log Z_g is the
+weighted mean, the log Z that minimises the weighted loss, so that the gradient is the same
+whether or not log Z is stopped.
 
 On on-policy data the TB gradient is -(2 / (beta N)) sum_j (r~_j - mean_g r~) grad log pi(y_j)
 with r~ = r - beta (log pi_theta - log pi_ref): REINFORCE with a per-prompt mean baseline and
@@ -32,9 +34,12 @@ on the same split and data path, are in `tba.trainer.objectives` with their form
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from tba.trainer.config import TrainerSettings
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,9 @@ class LossInputs:
     num_groups: int
     # c: the weight of log pi_ref in the TB target this step, the same for every row.
     prior_weight: float = 1.0
+    # Token-level importance weights (`tba.trainer.tokens`), set by the step when the clip
+    # is per token: they need the policy's per-token log-probs, which the loss never sees.
+    token_weight: torch.Tensor | None = None
 
     def select(self, rows: torch.Tensor) -> LossInputs:
         """The rows `rows`, with their groups renumbered 0..g-1 in order of appearance."""
@@ -60,15 +68,26 @@ class LossInputs:
             local,
             int(groups.numel()),
             self.prior_weight,
+            None if self.token_weight is None else self.token_weight[rows],
         )
 
 
 @dataclass(frozen=True)
 class ImportanceClip:
-    """Bounds of the per-sequence importance weight exp(log pi_theta - log pi_behaviour)."""
+    """Bounds of the importance weight exp(log pi_theta - log pi_behaviour): of the sequence
+    (`level` "sequence"), or of each token, a trajectory weighing the mean of its tokens'
+    clipped ratios ("token", `tba.trainer.tokens`)."""
 
     min_weight: float
     max_weight: float
+    level: Literal["sequence", "token"] = "sequence"
+
+
+def importance_clip(t: TrainerSettings) -> ImportanceClip | None:
+    """The clip `tb` and `rloo` weigh trajectories with; None without `importance_weights`."""
+    if not t.importance_weights:
+        return None
+    return ImportanceClip(t.importance_weight_min, t.importance_weight_max, t.importance_clip_level)
 
 
 def ramp_at(step: int, start: float, end: float, anneal_steps: int) -> float:
@@ -135,6 +154,18 @@ def importance_weights(
     return ratio.clamp(min=clip.min_weight, max=clip.max_weight)
 
 
+def trajectory_weights(
+    policy_logprob: torch.Tensor, inputs: LossInputs, clip: ImportanceClip | None
+) -> torch.Tensor:
+    """The objective's stop-gradient weight of each row: sequence-level `importance_weights`,
+    or at token level the step's `inputs.token_weight`."""
+    if clip is None or clip.level == "sequence":
+        return importance_weights(policy_logprob, inputs.behavior_logprob, clip)
+    if inputs.token_weight is None:
+        raise ValueError("token-level importance clipping needs LossInputs.token_weight")
+    return inputs.token_weight
+
+
 def tb_delta(policy_logprob: torch.Tensor, inputs: LossInputs, beta: float) -> torch.Tensor:
     """delta_j = log pi_theta - c log pi_ref - r / beta (c: `inputs.prior_weight`)."""
     return policy_logprob - inputs.prior_weight * inputs.ref_logprob - inputs.reward / beta
@@ -193,7 +224,7 @@ class TrajectoryBalance:
     def baselines(
         self, policy_logprob: torch.Tensor, inputs: LossInputs, beta: float
     ) -> torch.Tensor:
-        weights = importance_weights(policy_logprob, inputs.behavior_logprob, self.clip)
+        weights = trajectory_weights(policy_logprob, inputs, self.clip)
         return tb_log_z(policy_logprob, inputs, beta, weights)[inputs.group_index]
 
     def terms(
@@ -203,7 +234,7 @@ class TrajectoryBalance:
         beta: float,
         baselines: torch.Tensor,
     ) -> torch.Tensor:
-        weights = importance_weights(policy_logprob, inputs.behavior_logprob, self.clip)
+        weights = trajectory_weights(policy_logprob, inputs, self.clip)
         return weights * (baselines + tb_delta(policy_logprob, inputs, beta)) ** 2
 
 
@@ -223,5 +254,5 @@ class Rloo:
         beta: float,
         baselines: torch.Tensor,
     ) -> torch.Tensor:
-        weights = importance_weights(policy_logprob, inputs.behavior_logprob, self.clip)
+        weights = trajectory_weights(policy_logprob, inputs, self.clip)
         return -weights * baselines * policy_logprob

@@ -216,16 +216,14 @@ def next_base_version(checkpointed: int, *announced: Any) -> int:
 
 
 def build_objective(t: TrainerSettings) -> Objective:
-    from tba.trainer.loss import ImportanceClip, Rloo, TrajectoryBalance
+    from tba.trainer.loss import Rloo, TrajectoryBalance, importance_clip
     from tba.trainer.objectives import Grpo, OnlineDpo
 
     if t.objective in ("grpo", "online_dpo"):
         if t.importance_weights:
             log.warning("trainer.importance_weights is ignored by objective %s", t.objective)
         return Grpo(t.grpo_clip_epsilon) if t.objective == "grpo" else OnlineDpo()
-    clip = None
-    if t.importance_weights:
-        clip = ImportanceClip(t.importance_weight_min, t.importance_weight_max)
+    clip = importance_clip(t)
     return Rloo(clip) if t.objective == "rloo" else TrajectoryBalance(clip)
 
 

@@ -6,7 +6,9 @@ on, the trainer keeps a frozen copy of the policy taken at the last reset and re
 reference log-prob of every row it trains on with that copy (data older than the reset
 included: its stored value is for the old reference). Before the first reset the stored
 values are used and no reference model runs. The cost after the first reset is one no-grad
-forward of the batch per step, and the copy's memory; the copy is saved in checkpoints.
+forward of the batch per step, and the copy's memory; the copy is saved in checkpoints. The
+same pass gives the per-token reference log-probs (`trainer/kl_token_mean`), so those of the
+stored trajectories, for the old reference, are replaced too.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import torch
 
-from tba.models.logprobs import sequence_logprobs
+from tba.models.logprobs import token_logprobs
 from tba.trainer.collate import TrainBatch
 
 
@@ -56,22 +58,24 @@ class ReferenceResets:
         self.module.requires_grad_(False)
 
     def relabel(self, batch: TrainBatch) -> TrainBatch:
-        """`batch` with reference log-probs from the frozen copy (unchanged before a reset)."""
+        """`batch` with reference log-probs, sums and per token, from the frozen copy
+        (unchanged before a reset)."""
         if self.module is None:
             return batch
-        values = []
+        sums, tokens = [], []
         with torch.no_grad(), self.forward_context():
             for start in range(0, batch.size, self.micro_batch_size):
                 end = start + self.micro_batch_size
-                logp = sequence_logprobs(
+                scored = token_logprobs(
                     self.module,
                     batch.prompts[start:end],
                     batch.completions[start:end],
                     self.temperature,
                     self.pad_token_id,
                 )
-                values.append(logp.float().cpu())
-        return batch.with_ref_logprob(torch.cat(values))
+                sums.append(scored.sums().float().cpu())
+                tokens += [row.float().cpu() for row in scored.per_row()]
+        return batch.with_ref_logprob(torch.cat(sums), tokens)
 
     def state_dict(self) -> dict[str, torch.Tensor] | None:
         if self.module is None:

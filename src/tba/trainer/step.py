@@ -22,22 +22,25 @@ from dataclasses import dataclass
 import torch
 
 from tba.domain import Batch
-from tba.models.logprobs import sequence_logprobs
+from tba.models.logprobs import token_logprobs
 from tba.trainer.collate import TrainBatch, collate, plan_micro_batches, shard_rows, splits_groups
 from tba.trainer.engine import TrainEngine
-from tba.trainer.loss import Objective, group_mean
+from tba.trainer.loss import ImportanceClip, Objective, group_mean
 from tba.trainer.objectives import reward_spread_groups
 from tba.trainer.optim import RewardDecay
 from tba.trainer.reference import ReferenceResets
+from tba.trainer.tokens import require_behavior_tokens, token_importance_weights, token_kl_sums
 
 
 @dataclass(frozen=True)
 class Scoring:
     """How the policy scores rows: sequence log-probs of logits / `temperature` (the
-    searchers' sampling temperature), micro-batches padded with `pad_token_id`."""
+    searchers' sampling temperature), micro-batches padded with `pad_token_id`; with
+    `token_clip`, importance weights from per-token ratios (`tba.trainer.tokens`)."""
 
     temperature: float
     pad_token_id: int
+    token_clip: ImportanceClip | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,9 @@ class Gradients:
     baseline_mean: float
     policy_logprob: float  # mean sequence log-prob under the policy
     kl: float  # mean of log pi_theta - log pi_ref per sequence
+    # Mean of log pi_theta - log pi_ref per completion token, over the rows that carry
+    # per-token reference log-probs; None when none does.
+    kl_token_mean: float | None
     micro_batches: int
     prepass: bool
 
@@ -100,6 +106,9 @@ def train_on_batch(
     train = collate(batch)
     # Reference log-probs: the searchers' stored ones, or after a reset the frozen copy's.
     train = reference.relabel(train).with_prior_weight(prior_weight)
+    if scoring.token_clip is not None:
+        # Token-level clipping refuses a batch without per-token behaviour log-probs.
+        require_behavior_tokens(train.behavior_tokens, train.completions)
     # The rate this step trains at (the optimizer step moves the schedule on).
     lr = engine.lr()
     # Policy log-probs, loss terms and backward over this rank's micro-batches; when a
@@ -140,13 +149,27 @@ def plan_layout(batch: TrainBatch, micro_batch_size: int, rank: int, world_size:
     return Layout(rows, mask, list(torch.split(positions, micro_batch_size)), True)
 
 
-def policy_logprobs(engine: TrainEngine, rows: TrainBatch, scoring: Scoring) -> torch.Tensor:
-    """[n] differentiable policy sequence log-probs of `rows`."""
+def policy_logprobs(
+    engine: TrainEngine, rows: TrainBatch, scoring: Scoring
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """[n] differentiable policy sequence log-probs of `rows`, and each row's per-token
+    log-probs (detached)."""
     with engine.forward_context():
-        values = sequence_logprobs(
+        scored = token_logprobs(
             engine.module, rows.prompts, rows.completions, scoring.temperature, scoring.pad_token_id
         )
-    return values.float().cpu()
+    tokens = [row.detach().float().cpu() for row in scored.per_row()]
+    return scored.sums().float().cpu(), tokens
+
+
+def with_token_weights(
+    rows: TrainBatch, policy_tokens: list[torch.Tensor], scoring: Scoring
+) -> TrainBatch:
+    """`rows` with their token-level importance weights when the clip is per token."""
+    if scoring.token_clip is None:
+        return rows
+    weights = token_importance_weights(policy_tokens, rows.behavior_tokens, scoring.token_clip)
+    return rows.with_token_weight(weights)
 
 
 def accumulate_gradients(
@@ -161,11 +184,12 @@ def accumulate_gradients(
     n = batch.size
     constants = group_constants(engine, batch, layout, objective, beta, scoring)
     seen = torch.zeros(n)
-    sums = torch.zeros(3)  # loss, policy log-prob, kl
+    sums = torch.zeros(5)  # loss, policy log-prob, kl; token kl and its token count
     for i, positions in enumerate(layout.micro_batches):
         rows, mask = layout.rows[positions], layout.mask[positions]
         part = batch.select(rows)
-        logp = policy_logprobs(engine, part, scoring)
+        logp, tokens = policy_logprobs(engine, part, scoring)
+        part = with_token_weights(part, tokens, scoring)
         if constants is None:
             local = objective.baselines(logp, part.inputs, beta)
             seen[rows] = local
@@ -177,7 +201,8 @@ def accumulate_gradients(
         engine.backward(terms.sum() * (engine.world_size / n), last=last)
         lp = logp.detach()
         kl = lp - part.inputs.ref_logprob
-        sums += torch.stack([terms.detach().sum() / n, (lp * mask).sum(), (kl * mask).sum()])
+        sums[:3] += torch.stack([terms.detach().sum() / n, (lp * mask).sum(), (kl * mask).sum()])
+        sums[3:] += token_kl_sums(tokens, part.ref_tokens, mask)
     sums = engine.all_reduce_sum(sums)
     per_row = constants if constants is not None else seen
     baseline_mean = group_mean(per_row, batch.inputs.group_index, batch.inputs.num_groups).mean()
@@ -186,6 +211,7 @@ def accumulate_gradients(
         baseline_mean=float(baseline_mean),
         policy_logprob=float(sums[1]) / n,
         kl=float(sums[2]) / n,
+        kl_token_mean=float(sums[3] / sums[4]) if sums[4] > 0 else None,
         micro_batches=len(layout.micro_batches),
         prepass=layout.needs_prepass,
     )
@@ -205,18 +231,25 @@ def group_constants(
         return None
     order = torch.cat(layout.micro_batches)
     with torch.no_grad():
-        local = torch.cat(
-            [
-                policy_logprobs(engine, batch.select(layout.rows[p]), scoring)
-                for p in layout.micro_batches
-            ]
-        )
-    every_logp = engine.all_gather(local)
+        scored = [
+            policy_logprobs(engine, batch.select(layout.rows[p]), scoring)
+            for p in layout.micro_batches
+        ]
     every_row = engine.all_gather(layout.rows[order])
     real = engine.all_gather(layout.mask[order]) > 0
-    full = torch.zeros(batch.size)
-    full[every_row[real]] = every_logp[real]
-    return objective.baselines(full, batch.inputs, beta)
+
+    def gathered(local: torch.Tensor) -> torch.Tensor:
+        full = torch.zeros(batch.size)
+        full[every_row[real]] = engine.all_gather(local)[real]
+        return full
+
+    logp = gathered(torch.cat([sums for sums, _ in scored]))
+    if scoring.token_clip is not None:
+        tokens = [row for _, rows in scored for row in rows]
+        behavior = [batch.behavior_tokens[r] for r in layout.rows[order].tolist()]
+        weights = token_importance_weights(tokens, behavior, scoring.token_clip)
+        batch = batch.with_token_weight(gathered(weights))
+    return objective.baselines(logp, batch.inputs, beta)
 
 
 def step_metrics(
@@ -234,6 +267,7 @@ def step_metrics(
         "trainer/grad_norm": result.grad_norm,
         "trainer/lr": result.lr,
         "trainer/kl": g.kl,
+        **({} if g.kl_token_mean is None else {"trainer/kl_token_mean": g.kl_token_mean}),
         "trainer/policy_logprob": g.policy_logprob,
         "trainer/reward_mean": result.reward_mean,
         "trainer/samples": float(result.samples),
