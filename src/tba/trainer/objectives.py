@@ -18,8 +18,9 @@ r~ = r - beta k as a whole: with 0/1 rewards many groups have equal rewards, and
 r~ there would scale the KL differences alone up to unit-size advantages. Rewards normalised
 alone match GRPO as published (an all-equal group carries no reward signal), and the KL term
 in score-function form, -beta (k_j - mean_g k), is the same KL gradient TB and RLOO carry on
-on-policy data, where GRPO's per-token KL estimator needs token log-probs that are not stored.
-The ratio is per sequence for the same reason.
+on-policy data, where GRPO's per-token KL estimator needs per-token log-probs, which
+trajectories carry only from searchers that send them. The ratio is per sequence for the same
+reason.
 
 Online DPO: in each group the first row of highest reward (w) against the first of lowest (l);
 no pair when all rewards are equal (a group of one included). With m = beta ((log pi_theta(y_w)
