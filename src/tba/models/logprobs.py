@@ -62,6 +62,11 @@ class TokenLogprobs:
         counts = torch.bincount(self.row, minlength=self.rows)
         return list(torch.split(self.values[order], counts.tolist()))
 
+    def cpu_rows(self) -> list[torch.Tensor]:
+        """`per_row` detached, as float32 on the CPU, copied from the device once."""
+        values = self.values.detach().float().cpu()
+        return TokenLogprobs(values, self.row.cpu(), self.rows).per_row()
+
 
 def token_logprobs(
     model: torch.nn.Module,

@@ -65,9 +65,9 @@ class ReferenceScorer:
                     self.pad_token_id,
                 )
                 sums = scored.sums().float().cpu().tolist()
-                tokens = scored.per_row()
+                tokens = scored.cpu_rows()
                 for i, total, row_tokens in zip(rows, sums, tokens, strict=True):
-                    values[i] = ReferenceLogprobs(total, pack_logprobs(row_tokens.float().cpu()))
+                    values[i] = ReferenceLogprobs(total, pack_logprobs(row_tokens))
         return [values[i] for i in range(len(prompts))]
 
 

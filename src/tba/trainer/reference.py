@@ -74,7 +74,7 @@ class ReferenceResets:
                     self.pad_token_id,
                 )
                 sums.append(scored.sums().float().cpu())
-                tokens += [row.float().cpu() for row in scored.per_row()]
+                tokens += scored.cpu_rows()
         return batch.with_ref_logprob(torch.cat(sums), tokens)
 
     def state_dict(self) -> dict[str, torch.Tensor] | None:

@@ -158,7 +158,7 @@ def policy_logprobs(
         scored = token_logprobs(
             engine.module, rows.prompts, rows.completions, scoring.temperature, scoring.pad_token_id
         )
-    tokens = [row.detach().float().cpu() for row in scored.per_row()]
+    tokens = scored.cpu_rows()
     return scored.sums().float().cpu(), tokens
 
 
