@@ -59,7 +59,13 @@ def scrape(url: str) -> dict[str, set[str]]:
 
 def one_step_of_the_trainer() -> dict[str, set[str]]:
     gradients = Gradients(
-        loss=0.5, baseline_mean=1.0, policy_logprob=-3.0, kl=0.01, micro_batches=2, prepass=False
+        loss=0.5,
+        baseline_mean=1.0,
+        policy_logprob=-3.0,
+        kl=0.01,
+        kl_token_mean=0.002,
+        micro_batches=2,
+        prepass=False,
     )
     result = StepResult(gradients, 0.9, 1e-5, 0.5, 12, 3, 1.0, 2.0, 2)
     sink = PrometheusSink(port=0)
@@ -130,6 +136,7 @@ def test_every_metric_and_label_the_board_queries_is_served(served) -> None:
         "tba_buffer_trajectories_by_staleness",
         "tba_trainer_loss",
         "tba_trainer_kl",
+        "tba_trainer_kl_token_mean",
         "tba_trainer_log_z",
         "tba_trainer_lr",
         "tba_trainer_grad_norm",
@@ -137,5 +144,9 @@ def test_every_metric_and_label_the_board_queries_is_served(served) -> None:
         "tba_searcher_tokens_per_s",
         "tba_searcher_generate_s",
         "tba_searcher_version",
+        "tba_searcher_swap_seconds_sum",
+        "tba_searcher_fetch_seconds_sum",
+        "tba_searcher_distinct_answer_ratio",
+        "tba_searcher_pairwise_distance",
     ):
         assert expected in shown, expected
