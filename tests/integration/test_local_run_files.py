@@ -38,7 +38,7 @@ def test_tba_local_runs_the_run_file(tmp_path, monkeypatch, name):
     assert trainer["searcher"]["temperature"] == searcher["searcher"]["temperature"]
     run_file = tomllib.loads(config.read_text())
     check_fill_and_beta(result.run_dir, TrainerSettings(**run_file["trainer"]))
-    freeze_step = run_file["buffer"].get("freeze_growth_after_step", 0)
+    freeze_step = run_file.get("buffer", {}).get("freeze_growth_after_step", 0)
     if freeze_step:  # the red-teaming variant freezes at step 2 of 3
         assert f"trainer step {freeze_step}: buffer growth frozen at" in result.log("buffer")
 
