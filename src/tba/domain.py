@@ -14,6 +14,8 @@ from tba.runs import Run
 TOKEN_DTYPE = np.dtype("<u4")
 # Per-token log-probs: float32 keeps 7 digits, far finer than sampling noise, at 4 bytes a token.
 LOGPROB_DTYPE = np.dtype("<f4")
+# The highest sampling temperature any setting or trajectory may hold.
+MAX_SAMPLING_TEMPERATURE = 100.0
 
 
 def pack_tokens(token_ids: npt.ArrayLike) -> bytes:
@@ -67,7 +69,9 @@ class Prompt:
 class Trajectory:
     """One scored completion of a prompt. `ref_logprob` and `behavior_logprob` are sums over
     completion tokens (what the TB loss uses); `*_token_logprobs`, when the searcher sent them,
-    are the same log-probs per completion token (`pack_logprobs`), empty otherwise."""
+    are the same log-probs per completion token (`pack_logprobs`), empty otherwise. Every
+    log-prob is of logits / `sampling_temperature`, the temperature the completion was
+    sampled at; 0 means the run's (`[searcher] temperature`)."""
 
     prompt_id: str
     prompt_token_ids: bytes
@@ -83,6 +87,7 @@ class Trajectory:
     id: int = 0
     behavior_token_logprobs: bytes = b""
     ref_token_logprobs: bytes = b""
+    sampling_temperature: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,11 @@ class RunIdentity:
     prompt_template_sha256: str = ""
     temperature: float = 0.0
     max_new_tokens: int = 0
+    # The per-round temperature range and the fraction of rounds drawing from it, all 0 when
+    # the run has none: an identity from before the range compares equal to one without.
+    temperature_low: float = 0.0
+    temperature_high: float = 0.0
+    temperature_draw_fraction: float = 0.0
 
 
 IDENTITY_FIELDS = tuple(f.name for f in fields(RunIdentity))
@@ -83,13 +88,24 @@ def model_source_kind(source: str, is_directory: bool) -> str:
     return "local" if is_directory else source
 
 
-def generation_identity(task: TaskSettings, temperature: float, max_new_tokens: int) -> RunIdentity:
-    """The identity fields settings alone give: what is known before loading a model."""
+def generation_identity(
+    task: TaskSettings,
+    temperature: float,
+    max_new_tokens: int,
+    temperature_range: tuple[float, float, float] | None = None,
+) -> RunIdentity:
+    """The identity fields settings alone give: what is known before loading a model.
+    `temperature_range`: the per-round range's low and high and the fraction of rounds that
+    draw from it (None: every round at `temperature`)."""
+    low, high, fraction = temperature_range or (0.0, 0.0, 0.0)
     return RunIdentity(
         task_name=task.name,
         prompt_template_sha256=prompt_template_sha256(task),
         temperature=temperature,
         max_new_tokens=max_new_tokens,
+        temperature_low=low,
+        temperature_high=high,
+        temperature_draw_fraction=fraction,
     )
 
 

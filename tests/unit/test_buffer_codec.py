@@ -1,3 +1,4 @@
+import dataclasses
 import struct
 
 import pytest
@@ -29,6 +30,7 @@ def trajectories(draw: st.DrawFn) -> Trajectory:
         created_at_s=draw(finite),
         behavior_token_logprobs=draw(logprobs),
         ref_token_logprobs=draw(logprobs),
+        sampling_temperature=draw(st.just(0.0) | finite),
     )
 
 
@@ -97,6 +99,55 @@ def test_a_version_1_blob_written_before_token_logprobs_still_decodes() -> None:
         created_at_s=1_700_000_000.0,
         id=4,
     )
+
+
+def test_a_sampling_temperature_makes_a_version_3_blob_and_only_it() -> None:
+    t = Trajectory("p1", pack_tokens([1]), pack_tokens([2, 3]), "ab", 1.0, -1.0, -2.0, 3)
+    without = codec.encode_trajectory(t)
+    t.sampling_temperature = 1.25
+    blob = codec.encode_trajectory(t)
+    assert (without[0], blob[0]) == (1, 3)
+    assert codec.decode_trajectory(blob, 1) == dataclasses.replace(t, id=1)
+    t.sampling_temperature = 0.0
+    assert codec.encode_trajectory(t) == without  # the run's temperature: version 1 as before
+
+
+def test_a_version_2_blob_written_before_sampling_temperatures_still_decodes() -> None:
+    # Built by hand in the second format: the first's, plus the per-token log-probs' lengths
+    # in the header and their bytes after the text.
+    behavior, ref = pack_logprobs([-2.5]), pack_logprobs([-3.0])
+    header = struct.pack(
+        "<BddddqBHHIIIII", 2, 0.5, -3.0, -2.5, 1_700_000_000.0, 7, 2, 2, 2, 8, 4, 2, 4, 4
+    )
+    blob = header + b"p1" + b"s9" + pack_tokens([1, 10]) + pack_tokens([5]) + b"ok" + behavior + ref
+    decoded = codec.decode_trajectory(blob, 4)
+    assert decoded == Trajectory(
+        prompt_id="p1",
+        prompt_token_ids=pack_tokens([1, 10]),
+        completion_token_ids=pack_tokens([5]),
+        completion_text="ok",
+        reward=0.5,
+        ref_logprob=-3.0,
+        behavior_logprob=-2.5,
+        policy_version=7,
+        searcher_id="s9",
+        finish_reason=FinishReason.LENGTH,
+        created_at_s=1_700_000_000.0,
+        id=4,
+        behavior_token_logprobs=behavior,
+        ref_token_logprobs=ref,
+    )
+    assert decoded.sampling_temperature == 0.0  # the run's
+
+
+def test_a_version_3_blob_carries_the_temperature_in_its_header() -> None:
+    # Built by hand: the second format's header with the temperature at its end, no tokens.
+    header = struct.pack(
+        "<BddddqBHHIIIIId", 3, 0.5, -3.0, -2.5, 1_700_000_000.0, 7, 1, 2, 0, 4, 4, 0, 0, 0, 1.5
+    )
+    blob = header + b"p1" + pack_tokens([1]) + pack_tokens([5])
+    assert codec.encode_trajectory(codec.decode_trajectory(blob, 2)) == blob
+    assert codec.decode_trajectory(blob, 2).sampling_temperature == 1.5
 
 
 def test_token_logprobs_follow_the_text_verbatim() -> None:

@@ -12,6 +12,7 @@ from tba.buffer import validation
 from tba.buffer.config import BufferSettings
 from tba.domain import Prompt, WeightVersion, pack_logprobs
 from tba.errors import InvalidArgumentError
+from tba.runs import RunIdentity
 from tests.fixtures.data import trajectory, with_token_logprobs
 
 SETTINGS = BufferSettings()
@@ -30,6 +31,10 @@ SETTINGS = BufferSettings()
         ("created_at_s", -1.0),
         ("created_at_s", 1e12),
         ("completion_text", "lone \ud800 surrogate"),
+        ("sampling_temperature", -0.5),
+        ("sampling_temperature", 100.5),
+        ("sampling_temperature", math.inf),
+        ("sampling_temperature", math.nan),
     ],
 )
 def test_out_of_range_trajectory_fields_are_invalid(field, value):
@@ -42,7 +47,41 @@ def test_out_of_range_trajectory_fields_are_invalid(field, value):
 def test_largest_accepted_values_pass():
     good = trajectory("p1", reward=-1e12, policy_version=2**53 - 1, ref_logprob=1e12)
     good.created_at_s = 1e11
+    good.sampling_temperature = 100.0
     validation.check_trajectory(good, "t", SETTINGS)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 2.0])
+def test_a_sampling_temperature_of_0_or_within_the_settings_bounds_passes(temperature):
+    good = dataclasses.replace(trajectory("p1"), sampling_temperature=temperature)
+    validation.check_trajectory(good, "t", SETTINGS)
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "fraction"),
+    [(0.7, 0.0, 0.5), (0.0, 2.0, 0.5), (2.0, 0.7, 0.5), (0.7, 2.0, 0.0), (0.0, 0.0, 0.5)],
+)
+def test_a_temperature_range_needs_both_bounds_in_order_and_a_fraction(low, high, fraction):
+    identity = RunIdentity(
+        temperature=1.0,
+        temperature_low=low,
+        temperature_high=high,
+        temperature_draw_fraction=fraction,
+    )
+    with pytest.raises(InvalidArgumentError, match=r"identity\.temperature_low"):
+        validation.check_identity(identity)
+
+
+def test_an_identity_with_or_without_a_range_passes():
+    validation.check_identity(RunIdentity(temperature=1.0))
+    validation.check_identity(
+        RunIdentity(
+            temperature=1.0,
+            temperature_low=0.7,
+            temperature_high=2.0,
+            temperature_draw_fraction=0.5,
+        )
+    )
 
 
 def test_token_logprobs_that_fit_their_completion_pass():

@@ -94,3 +94,32 @@ def test_an_identity_combines_from_the_parts_that_know_its_fields() -> None:
     assert (whole.model_source, whole.task_name, whole.max_new_tokens) == ("tiny", "gsm8k", 32)
     assert whole.prompt_template_sha256 == prompt_template_sha256(task)
     assert combined(whole, RunIdentity(temperature=1.0)).temperature == 1.0
+
+
+RANGED = dataclasses.replace(
+    IDENTITY, temperature_low=0.7, temperature_high=2.0, temperature_draw_fraction=0.5
+)
+
+
+def test_an_identity_from_before_the_range_equals_one_with_the_range_unset() -> None:
+    before = RunIdentity("tiny", "sha256:" + "0" * 64, "t" * 64, "arithmetic", "p" * 64, 1.0, 5)
+    task = TaskSettings(name="arithmetic")
+    assert before == IDENTITY
+    assert generation_identity(task, 1.0, 5) == generation_identity(task, 1.0, 5, None)
+    assert (IDENTITY.temperature_low, IDENTITY.temperature_draw_fraction) == (0.0, 0.0)
+
+
+def test_a_searcher_whose_range_differs_from_the_runs_is_refused_naming_the_field() -> None:
+    other = dataclasses.replace(RANGED, temperature_high=1.5)
+    with pytest.raises(FailedPreconditionError, match=r"temperature_high: the run has 2\.0"):
+        check_joins(Run("r1", RANGED), other, "searcher s1")
+    with pytest.raises(FailedPreconditionError, match=r"temperature_low: the run has 0\.0"):
+        check_joins(RUN, RANGED, "searcher s1")
+    # A searcher without a range knows none: it takes the run's (searcher.joining).
+    check_joins(Run("r1", RANGED), IDENTITY, "searcher s1")
+
+
+def test_the_range_enters_the_generation_identity() -> None:
+    identity = generation_identity(TaskSettings(name="arithmetic"), 1.0, 5, (0.7, 2.0, 0.5))
+    assert (identity.temperature_low, identity.temperature_high) == (0.7, 2.0)
+    assert identity.temperature_draw_fraction == 0.5

@@ -1,9 +1,10 @@
 """How stores encode what they keep, shared by both stores so that they agree bit for bit.
 
-A trajectory is one blob: a fixed struct header, then the UTF-8 ids, the packed token bytes,
-the UTF-8 completion text and (format version 2) the packed per-token log-probs, copied as
-they are (no per-token work). Times become integer
-milliseconds, completions a digest, rewards a histogram bin. Pure: no I/O.
+A trajectory is one blob: a fixed struct header (format version 3: with the sampling
+temperature), then the UTF-8 ids, the packed token bytes, the UTF-8 completion text and
+(format versions 2 and 3) the packed per-token log-probs, copied as they are (no per-token
+work). Times become integer milliseconds, completions a digest, rewards a histogram bin.
+Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -24,21 +25,35 @@ PROMPT_FORMAT_VERSION = 1
 # format, reward, ref_logprob, behavior_logprob, created_at_s, policy_version, finish_reason,
 # then the byte lengths of prompt_id, searcher_id, prompt tokens, completion tokens, text;
 # version 2 adds those of the behaviour and reference per-token log-probs, which follow the
-# text. A trajectory without per-token log-probs is still written as version 1, so that what
-# an older searcher sends is stored, and digested (`request_digest`), byte for byte as before.
-_TRAJECTORY_HEADERS = {1: struct.Struct("<BddddqBHHIII"), 2: struct.Struct("<BddddqBHHIIIII")}
+# text; version 3 adds the sampling temperature after them. A trajectory is written in the
+# lowest version that holds it: one without per-token log-probs and without a temperature is
+# still version 1, so that what an older searcher sends is stored, and digested
+# (`request_digest`), byte for byte as before.
+_TRAJECTORY_HEADERS = {
+    1: struct.Struct("<BddddqBHHIII"),
+    2: struct.Struct("<BddddqBHHIIIII"),
+    3: struct.Struct("<BddddqBHHIIIIId"),
+}
+# Byte lengths each version's header holds (its parts), after the 7 fixed fields.
+_PART_COUNTS = {1: 5, 2: 7, 3: 7}
 _PROMPT_HEADER = struct.Struct("<BI")
 DIGEST_BYTES = 16
 
 
+def _trajectory_version(t: Trajectory) -> int:
+    if t.sampling_temperature:
+        return 3
+    return 2 if t.behavior_token_logprobs or t.ref_token_logprobs else 1
+
+
 def encode_trajectory(t: Trajectory) -> bytes:
     """The storage blob of `t`; its `id` is not part of it (the store keys blobs by id)."""
+    version = _trajectory_version(t)
     parts = [t.prompt_id.encode(), t.searcher_id.encode(), t.prompt_token_ids]
     parts += [t.completion_token_ids, t.completion_text.encode()]
-    version = 1
-    if t.behavior_token_logprobs or t.ref_token_logprobs:
-        version = 2
+    if version > 1:
         parts += [t.behavior_token_logprobs, t.ref_token_logprobs]
+    temperature = (t.sampling_temperature,) if version == 3 else ()
     header = _TRAJECTORY_HEADERS[version].pack(
         version,
         t.reward,
@@ -48,17 +63,22 @@ def encode_trajectory(t: Trajectory) -> bytes:
         t.policy_version,
         int(t.finish_reason),
         *map(len, parts),
+        *temperature,
     )
     return b"".join((header, *parts))
 
 
 def decode_trajectory(blob: bytes, trajectory_id: int) -> Trajectory:
-    """The trajectory stored as `blob` (format version 1 or 2) under `trajectory_id`;
+    """The trajectory stored as `blob` (format version 1, 2 or 3) under `trajectory_id`;
     ValueError if it is corrupt."""
     header = _TRAJECTORY_HEADERS.get(blob[0]) if blob else None
     if header is None or len(blob) < header.size:
-        raise ValueError(f"trajectory {trajectory_id}: not a version-1 or version-2 blob")
-    (_, reward, ref, behavior, created, version, finish, *lengths) = header.unpack_from(blob)
+        raise ValueError(f"trajectory {trajectory_id}: not a version-1, -2 or -3 blob")
+    (format_version, reward, ref, behavior, created, version, finish, *rest) = header.unpack_from(
+        blob
+    )
+    lengths = rest[: _PART_COUNTS[format_version]]
+    temperature = rest[-1] if format_version == 3 else 0.0
     if header.size + sum(lengths) != len(blob):
         raise ValueError(f"trajectory {trajectory_id}: blob length does not match its header")
     view = memoryview(blob)
@@ -84,6 +104,7 @@ def decode_trajectory(blob: bytes, trajectory_id: int) -> Trajectory:
         id=trajectory_id,
         behavior_token_logprobs=behavior_tokens,
         ref_token_logprobs=ref_tokens,
+        sampling_temperature=temperature,
     )
 
 

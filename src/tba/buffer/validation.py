@@ -12,6 +12,7 @@ import numpy as np
 from tba.buffer.config import BufferSettings
 from tba.buffer.history import Evaluation
 from tba.domain import (
+    MAX_SAMPLING_TEMPERATURE,
     FinishReason,
     Prompt,
     SampleSpec,
@@ -153,9 +154,19 @@ def check_trajectory(t: Trajectory, where: str, settings: BufferSettings) -> Non
     check_text(t.completion_text, f"{where}.completion_text")
     if t.finish_reason not in set(FinishReason):
         raise _fail(f"{where}.finish_reason {t.finish_reason} is not a known value")
+    check_sampling_temperature(t.sampling_temperature, f"{where}.sampling_temperature")
     tokens = len(t.completion_token_ids) // 4
     check_token_logprobs(t.behavior_token_logprobs, t.behavior_logprob, tokens, where, "behavior")
     check_token_logprobs(t.ref_token_logprobs, t.ref_logprob, tokens, where, "ref")
+
+
+def check_sampling_temperature(value: float, field: str) -> None:
+    """0 (not set: the run's temperature), or a temperature a searcher's settings allow."""
+    check_finite(value, field)
+    if not (value == 0 or 0 < value <= MAX_SAMPLING_TEMPERATURE):
+        raise _fail(
+            f"{field} must be 0 (the run's) or in (0, {MAX_SAMPLING_TEMPERATURE:g}], got {value:g}"
+        )
 
 
 def check_token_logprobs(packed: bytes, total: float, tokens: int, where: str, kind: str) -> None:
@@ -219,8 +230,25 @@ def check_identity(identity: RunIdentity) -> None:
     check_count(len(identity.model_source), "identity.model_source", 0, MAX_SOURCE_CHARS)
     for name in ("model_revision", "tokenizer_sha256", "task_name", "prompt_template_sha256"):
         check_id(getattr(identity, name), f"identity.{name}", required=False)
-    check_bounded(identity.temperature, "identity.temperature", 0.0, 100.0)
+    for name in ("temperature", "temperature_low", "temperature_high"):
+        check_bounded(getattr(identity, name), f"identity.{name}", 0.0, MAX_SAMPLING_TEMPERATURE)
     check_count(identity.max_new_tokens, "identity.max_new_tokens", 0, 2**31 - 1)
+    check_temperature_range(identity)
+
+
+def check_temperature_range(identity: RunIdentity) -> None:
+    """A range has both bounds (low <= high) and a fraction in (0, 1]; no range, none."""
+    low, high = identity.temperature_low, identity.temperature_high
+    fraction = identity.temperature_draw_fraction
+    check_bounded(fraction, "identity.temperature_draw_fraction", 0.0, 1.0)
+    if not low and not high and not fraction:
+        return
+    if not (0 < low <= high and fraction > 0):
+        raise _fail(
+            "identity.temperature_low, temperature_high and temperature_draw_fraction must be "
+            f"all 0 (no range) or 0 < low <= high with a fraction > 0, got {low:g}, {high:g}, "
+            f"{fraction:g}"
+        )
 
 
 def check_run(run: Run, settings: BufferSettings) -> None:

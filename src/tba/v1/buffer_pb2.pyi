@@ -36,7 +36,7 @@ class Prompt(_message.Message):
     def __init__(self, id: _Optional[str] = ..., text: _Optional[str] = ..., answer: _Optional[str] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("id", "prompt_id", "prompt_token_ids", "completion_token_ids", "completion_text", "reward", "ref_logprob", "behavior_logprob", "policy_version", "searcher_id", "finish_reason", "created_at_s", "behavior_token_logprobs", "ref_token_logprobs")
+    __slots__ = ("id", "prompt_id", "prompt_token_ids", "completion_token_ids", "completion_text", "reward", "ref_logprob", "behavior_logprob", "policy_version", "searcher_id", "finish_reason", "created_at_s", "behavior_token_logprobs", "ref_token_logprobs", "sampling_temperature")
     ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class Trajectory(_message.Message):
     CREATED_AT_S_FIELD_NUMBER: _ClassVar[int]
     BEHAVIOR_TOKEN_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     REF_TOKEN_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     id: int
     prompt_id: str
     prompt_token_ids: bytes
@@ -65,7 +66,8 @@ class Trajectory(_message.Message):
     created_at_s: float
     behavior_token_logprobs: bytes
     ref_token_logprobs: bytes
-    def __init__(self, id: _Optional[int] = ..., prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[bytes] = ..., completion_token_ids: _Optional[bytes] = ..., completion_text: _Optional[str] = ..., reward: _Optional[float] = ..., ref_logprob: _Optional[float] = ..., behavior_logprob: _Optional[float] = ..., policy_version: _Optional[int] = ..., searcher_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., created_at_s: _Optional[float] = ..., behavior_token_logprobs: _Optional[bytes] = ..., ref_token_logprobs: _Optional[bytes] = ...) -> None: ...
+    sampling_temperature: float
+    def __init__(self, id: _Optional[int] = ..., prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[bytes] = ..., completion_token_ids: _Optional[bytes] = ..., completion_text: _Optional[str] = ..., reward: _Optional[float] = ..., ref_logprob: _Optional[float] = ..., behavior_logprob: _Optional[float] = ..., policy_version: _Optional[int] = ..., searcher_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., created_at_s: _Optional[float] = ..., behavior_token_logprobs: _Optional[bytes] = ..., ref_token_logprobs: _Optional[bytes] = ..., sampling_temperature: _Optional[float] = ...) -> None: ...
 
 class PutPromptsRequest(_message.Message):
     __slots__ = ("prompts",)
@@ -280,7 +282,7 @@ class GetLatestWeightsResponse(_message.Message):
     def __init__(self, available: _Optional[bool] = ..., weights: _Optional[_Union[WeightVersion, _Mapping]] = ...) -> None: ...
 
 class RunIdentity(_message.Message):
-    __slots__ = ("model_source", "model_revision", "tokenizer_sha256", "task_name", "prompt_template_sha256", "temperature", "max_new_tokens")
+    __slots__ = ("model_source", "model_revision", "tokenizer_sha256", "task_name", "prompt_template_sha256", "temperature", "max_new_tokens", "temperature_low", "temperature_high", "temperature_draw_fraction")
     MODEL_SOURCE_FIELD_NUMBER: _ClassVar[int]
     MODEL_REVISION_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +290,9 @@ class RunIdentity(_message.Message):
     PROMPT_TEMPLATE_SHA256_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_LOW_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_HIGH_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_DRAW_FRACTION_FIELD_NUMBER: _ClassVar[int]
     model_source: str
     model_revision: str
     tokenizer_sha256: str
@@ -295,7 +300,10 @@ class RunIdentity(_message.Message):
     prompt_template_sha256: str
     temperature: float
     max_new_tokens: int
-    def __init__(self, model_source: _Optional[str] = ..., model_revision: _Optional[str] = ..., tokenizer_sha256: _Optional[str] = ..., task_name: _Optional[str] = ..., prompt_template_sha256: _Optional[str] = ..., temperature: _Optional[float] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
+    temperature_low: float
+    temperature_high: float
+    temperature_draw_fraction: float
+    def __init__(self, model_source: _Optional[str] = ..., model_revision: _Optional[str] = ..., tokenizer_sha256: _Optional[str] = ..., task_name: _Optional[str] = ..., prompt_template_sha256: _Optional[str] = ..., temperature: _Optional[float] = ..., max_new_tokens: _Optional[int] = ..., temperature_low: _Optional[float] = ..., temperature_high: _Optional[float] = ..., temperature_draw_fraction: _Optional[float] = ...) -> None: ...
 
 class RunRecipe(_message.Message):
     __slots__ = ("task_json", "model_json", "model_seed")

@@ -33,6 +33,7 @@ def trajectory_to_pb(t: domain.Trajectory) -> pb.Trajectory:
         created_at_s=t.created_at_s,
         behavior_token_logprobs=t.behavior_token_logprobs,
         ref_token_logprobs=t.ref_token_logprobs,
+        sampling_temperature=t.sampling_temperature,
     )
 
 
@@ -52,6 +53,7 @@ def trajectory_from_pb(msg: pb.Trajectory) -> domain.Trajectory:
         created_at_s=msg.created_at_s,
         behavior_token_logprobs=msg.behavior_token_logprobs,
         ref_token_logprobs=msg.ref_token_logprobs,
+        sampling_temperature=msg.sampling_temperature,
     )
 
 
@@ -253,6 +255,9 @@ def identity_to_pb(i: runs.RunIdentity) -> pb.RunIdentity:
         prompt_template_sha256=i.prompt_template_sha256,
         temperature=i.temperature,
         max_new_tokens=i.max_new_tokens,
+        temperature_low=i.temperature_low,
+        temperature_high=i.temperature_high,
+        temperature_draw_fraction=i.temperature_draw_fraction,
     )
 
 
@@ -265,6 +270,9 @@ def identity_from_pb(msg: pb.RunIdentity) -> runs.RunIdentity:
         prompt_template_sha256=msg.prompt_template_sha256,
         temperature=msg.temperature,
         max_new_tokens=msg.max_new_tokens,
+        temperature_low=msg.temperature_low,
+        temperature_high=msg.temperature_high,
+        temperature_draw_fraction=msg.temperature_draw_fraction,
     )
 
 

@@ -172,6 +172,11 @@ class RunIdentityOut(BaseModel):
     prompt_template_sha256: str
     temperature: float = Field(description="The sampling temperature of the run.")
     max_new_tokens: int
+    temperature_low: float = Field(0.0, description="The per-round range's low end; 0: none.")
+    temperature_high: float = Field(0.0, description="The per-round range's high end; 0: none.")
+    temperature_draw_fraction: float = Field(
+        0.0, description="The fraction of rounds drawing from the range; 0: no range."
+    )
 
 
 class RunOut(BaseModel):
