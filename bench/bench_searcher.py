@@ -98,10 +98,13 @@ class CpuTimedReference:
     cpu_s: float = 0.0
 
     def score(
-        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        temperature: float,
     ) -> list[ReferenceLogprobs]:
         started = time.thread_time()
-        values = self.inner.score(prompts, completions)
+        values = self.inner.score(prompts, completions, temperature)
         self.cpu_s += time.thread_time() - started
         return values
 

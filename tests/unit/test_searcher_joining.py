@@ -62,3 +62,39 @@ def test_a_value_set_equal_to_its_default_is_still_explicit() -> None:
     settings = load_settings(SearcherRunSettings, None, {"searcher.temperature": 0.7})
     assert adopt_run(settings, RUN).searcher.temperature == 0.7
     assert settings_identity(adopt_run(settings, RUN)).temperature == 0.7
+
+
+def test_the_runs_temperature_range_is_taken_unless_set_here(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ranged = Run(
+        "r1",
+        RunIdentity(
+            temperature=0.3,
+            max_new_tokens=9,
+            temperature_low=0.7,
+            temperature_high=2.0,
+            temperature_draw_fraction=0.25,
+        ),
+        RUN.recipe,
+    )
+    adopted = adopt_run(load_settings(SearcherRunSettings), ranged)
+    assert adopted.searcher.temperature_range == (0.7, 2.0, 0.25)
+    assert settings_identity(adopted).temperature_high == 2.0
+    # A run without a range gives none, whatever the searcher's default fraction.
+    assert adopt_run(load_settings(SearcherRunSettings), RUN).searcher.temperature_range is None
+    monkeypatch.setenv("TBA_SEARCHER__TEMPERATURE_HIGH", "1.5")
+    monkeypatch.setenv("TBA_SEARCHER__TEMPERATURE_LOW", "0.7")
+    own = adopt_run(load_settings(SearcherRunSettings), ranged)
+    assert own.searcher.temperature_range == (0.7, 1.5, 0.25)
+    assert settings_identity(own).temperature_high == 1.5  # the buffer then refuses it
+
+
+def test_a_range_needs_both_ends_in_order() -> None:
+    with pytest.raises(ValueError, match="both"):
+        load_settings(SearcherRunSettings, overrides={"searcher.temperature_low": 0.7})
+    with pytest.raises(ValueError, match="above"):
+        load_settings(
+            SearcherRunSettings,
+            overrides={"searcher.temperature_low": 2.0, "searcher.temperature_high": 0.7},
+        )

@@ -115,7 +115,7 @@ def make_loop(
         engine=engine,
         tokenizer=tokenizer,
         task=task or ArithmeticTask(),  # type: ignore[arg-type]
-        reference=ReferenceScorer(base, tokenizer.pad_token_id, s.temperature, 5),
+        reference=ReferenceScorer(base, tokenizer.pad_token_id, 5),
         weights=sync,
         metrics=SearcherMetrics(),
     )
@@ -432,12 +432,15 @@ class GatedReference:
     calls: int = 0
 
     def score(
-        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        temperature: float,
     ) -> list[ReferenceLogprobs]:
         self.calls += 1
         if self.calls < self.last_round:
             assert self.trace.generating[self.calls + 1].wait(timeout=120)
-        return list(self.inner.score(prompts, completions))
+        return list(self.inner.score(prompts, completions, temperature))
 
 
 def trace_rounds(

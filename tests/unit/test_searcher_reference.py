@@ -44,8 +44,8 @@ def test_scores_equal_each_completion_scored_alone_in_order():
     prompts = [[1, *rng.choices(range(4, 40), k=rng.randrange(1, 8))] for _ in range(8)]
     prompts = [rng.choice(prompts) for _ in range(23)]
     completions = [rng.choices(range(4, 40), k=rng.randrange(1, 30)) for _ in range(23)]
-    scorer = ReferenceScorer(model, tokenizer.pad_token_id, 0.7, batch_size=4)
-    got = scorer.score(prompts, completions)
+    scorer = ReferenceScorer(model, tokenizer.pad_token_id, batch_size=4)
+    got = scorer.score(prompts, completions, 0.7)
     with torch.no_grad():
         alone = [
             sequence_logprobs(model, [p], [c], 0.7, tokenizer.pad_token_id).item()
@@ -62,8 +62,8 @@ def test_scores_equal_each_completion_scored_alone_in_order():
 def test_scored_sums_are_sequence_logprobs_bit_for_bit():
     tokenizer, model = load_model(MODEL, 0)
     prompts, completions = [[1, 5, 6], [1, 5, 6], [1, 9]], [[7, 8, 2], [9], [4, 4, 4, 4]]
-    got = ReferenceScorer(model, tokenizer.pad_token_id, 0.7, batch_size=8).score(
-        prompts, completions
+    got = ReferenceScorer(model, tokenizer.pad_token_id, batch_size=8).score(
+        prompts, completions, 0.7
     )
     with torch.inference_mode():
         want = sequence_logprobs(model, prompts, completions, 0.7, tokenizer.pad_token_id)

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tba.buffer.config import BufferClientSettings
+from tba.domain import MAX_SAMPLING_TEMPERATURE
 from tba.models.config import DeviceName, DtypeName, ModelSettings
 from tba.objectstore.config import ObjectStoreSettings
 from tba.settings import CommandSettings, ExplicitSettings, Section
@@ -34,7 +35,36 @@ class SearcherSettings(WandbSettings):
     )
     max_new_tokens: int = Field(512, ge=1, le=131_072, description="Longest completion, in tokens.")
     temperature: float = Field(
-        0.7, gt=0.0, le=100.0, description="Sampling temperature (the trainer's must match)."
+        0.7,
+        gt=0.0,
+        le=MAX_SAMPLING_TEMPERATURE,
+        description="Sampling temperature (the trainer's must match): the run's, of every "
+        "round that does not draw its own from `temperature_low`..`temperature_high`.",
+    )
+    temperature_low: float | None = Field(
+        None,
+        gt=0.0,
+        le=MAX_SAMPLING_TEMPERATURE,
+        description="With `temperature_high`, a per-round temperature range: a round that "
+        "draws (`temperature_draw_fraction` of them) samples at a temperature uniform in "
+        "[low, high], stored with each trajectory (the trainer divides logits by it); unset: "
+        "off, every round at `temperature`. Lee et al.'s `temp_low`; App. B.3: 0.7.",
+    )
+    temperature_high: float | None = Field(
+        None,
+        gt=0.0,
+        le=MAX_SAMPLING_TEMPERATURE,
+        description="The range's upper end (>= `temperature_low`); Lee et al.'s `temp_high`, "
+        "App. B.3: 2.0.",
+    )
+    temperature_draw_fraction: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="With a range, the probability that a round draws its temperature from "
+        "it (the others sample at `temperature`). Default as Lee et al.'s code (GFNOrg/"
+        "red-teaming, trainers/gfn_trainer.py `simulate_experience`: half of the online "
+        "rounds draw, the others sample at 1).",
     )
     top_p: float = Field(
         1.0,
@@ -119,6 +149,22 @@ class SearcherSettings(WandbSettings):
     )
     metrics_host: str = Field("127.0.0.1", description="Address of the /metrics server.")
 
+    @model_validator(mode="after")
+    def _check_temperature_range(self) -> SearcherSettings:
+        low, high = self.temperature_low, self.temperature_high
+        if (low is None) != (high is None):
+            raise ValueError("set both searcher.temperature_low and temperature_high, or neither")
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"searcher.temperature_low ({low}) is above temperature_high ({high})")
+        return self
+
+    @property
+    def temperature_range(self) -> tuple[float, float, float] | None:
+        """(low, high, draw fraction) of the per-round range; None when it is off."""
+        if self.temperature_low is None or self.temperature_high is None:
+            return None
+        return (self.temperature_low, self.temperature_high, self.temperature_draw_fraction)
+
 
 class EngineSettings(Section):
     """`[engine]`: the generation engine and its resources."""
@@ -155,7 +201,8 @@ class EngineSettings(Section):
 
 
 class SearcherRunSettings(ExplicitSettings, CommandSettings):
-    """The searcher's sections. Its task, model, `searcher.temperature` and
+    """The searcher's sections. Its task, model, `searcher.temperature`, its range
+    (`temperature_low`, `temperature_high`, `temperature_draw_fraction`) and
     `searcher.max_new_tokens` come from the buffer's run wherever they are not set here."""
 
     searcher: SearcherSettings = SearcherSettings()

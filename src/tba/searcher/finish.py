@@ -55,7 +55,10 @@ class ReferenceLogprobs:
 
 class ReferenceModel(Protocol):
     def score(
-        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        temperature: float,
     ) -> list[ReferenceLogprobs]: ...
 
 
@@ -84,7 +87,8 @@ class Phases:
 class GeneratedRound:
     """What the loop hands to the finish stage: a round's completions and how they came.
     `policy_version` is the weight version that generated them, `latest_version` the newest
-    the buffer had announced, `swaps` the versions swapped in before they were generated."""
+    the buffer had announced, `swaps` the versions swapped in before they were generated,
+    `temperature` the one they were sampled at (the run's, or one the round drew)."""
 
     index: int
     lease_id: str
@@ -95,6 +99,7 @@ class GeneratedRound:
     latest_version: int
     swaps: tuple[WeightSwap, ...]
     loop_seconds: dict[str, float]
+    temperature: float
 
 
 @dataclass
@@ -124,7 +129,7 @@ class RoundFinisher:
         candidates, duplicates = self._unique(generated)
         scored = self._rewarded(candidates)
         phases.done("reward")
-        trajectories = self._trajectories(scored, generated.policy_version)
+        trajectories = self._trajectories(scored, generated)
         phases.done("reference")
         self._post(trajectories, generated.lease_id)
         phases.done("post")
@@ -199,17 +204,23 @@ class RoundFinisher:
             return math.nan
 
     def _trajectories(
-        self, scored: list[PendingTrajectory], policy_version: int
+        self, scored: list[PendingTrajectory], generated: GeneratedRound
     ) -> list[Trajectory]:
-        """Trajectories with reference log-probs (rows whose reference is not finite are
-        dropped, logged), and per-token log-probs with `token_logprobs`."""
+        """Trajectories with reference log-probs at the round's temperature (rows whose
+        reference is not finite are dropped, logged), and per-token log-probs with
+        `token_logprobs`. A round at the run's temperature leaves the trajectories' own at 0
+        (the run's), so that they are stored as before the per-round range."""
         if not scored:
             return []
         refs = self.reference.score(
-            [c.prompt_tokens for c in scored], [c.completion.token_ids for c in scored]
+            [c.prompt_tokens for c in scored],
+            [c.completion.token_ids for c in scored],
+            generated.temperature,
         )
         created_at_s = self.clock.time()
         per_token = self.settings.token_logprobs
+        own = generated.temperature
+        sampling_temperature = 0.0 if own == self.settings.temperature else own
         trajectories = []
         for candidate, ref in zip(scored, refs, strict=True):
             if not math.isfinite(ref.logprob):
@@ -225,11 +236,12 @@ class RoundFinisher:
                     reward=candidate.reward,
                     ref_logprob=ref.logprob,
                     behavior_logprob=completion.behavior_logprob,
-                    policy_version=policy_version,
+                    policy_version=generated.policy_version,
                     finish_reason=completion.finish_reason,
                     created_at_s=created_at_s,
                     behavior_token_logprobs=completion.token_logprobs if per_token else b"",
                     ref_token_logprobs=ref.token_logprobs if per_token else b"",
+                    sampling_temperature=sampling_temperature,
                 )
             )
         return trajectories
@@ -279,6 +291,7 @@ def round_values(
         "searcher/trajectories": float(len(trajectories)),
         "searcher/reward_mean": float(np.mean(rewards)) if rewards else float("nan"),
         "searcher/version": float(generated.policy_version),
+        "searcher/temperature": generated.temperature,
         "searcher/latest_version": float(generated.latest_version),
         "searcher/version_lag": float(lag),
         "searcher/reloads": float(len(generated.swaps)),

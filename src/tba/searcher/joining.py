@@ -1,7 +1,7 @@
 """How a searcher joins the buffer's run (docs/runs.md): it waits until a trainer has
-registered one, takes the run's task, model, temperature and completion length wherever its
-own settings leave them unset, lets the buffer check what it did set (FAILED_PRECONDITION
-naming the field), and tags its trajectories with the run's id."""
+registered one, takes the run's task, model, temperature (and its per-round range) and
+completion length wherever its own settings leave them unset, lets the buffer check what it
+did set (FAILED_PRECONDITION naming the field), and tags its trajectories with the run's id."""
 
 from __future__ import annotations
 
@@ -51,14 +51,28 @@ def adopt_run(settings: SearcherRunSettings, run: Run) -> SearcherRunSettings:
         for name in ("temperature", "max_new_tokens")
         if name not in own
     }
+    generation |= {
+        name: value for name, value in _run_temperature_range(run.identity) if name not in own
+    }
     searcher = settings.searcher.model_copy(update=generation)
     return settings.model_copy(update={"task": task, "model": model, "searcher": searcher})
+
+
+def _run_temperature_range(identity: RunIdentity) -> list[tuple[str, float | None]]:
+    """The run's range as searcher settings: bounds of 0 (no range) are unset ones; a run
+    without a range leaves the fraction to the searcher's (it then draws nothing)."""
+    fraction = identity.temperature_draw_fraction
+    return [
+        ("temperature_low", identity.temperature_low or None),
+        ("temperature_high", identity.temperature_high or None),
+        *([("temperature_draw_fraction", fraction)] if fraction else []),
+    ]
 
 
 def settings_identity(settings: SearcherRunSettings) -> RunIdentity:
     """The identity fields known before the model is loaded."""
     s = settings.searcher
-    return generation_identity(settings.task, s.temperature, s.max_new_tokens)
+    return generation_identity(settings.task, s.temperature, s.max_new_tokens, s.temperature_range)
 
 
 def model_identity(

@@ -51,6 +51,8 @@ from tba.searcher.weights import WeightSwap
 from tba.tasks.base import Rewarder
 
 log = logging.getLogger(__name__)
+# Appended to a round's seed entropy for the stream its temperature is drawn from.
+_TEMPERATURE_STREAM = 1
 
 
 class PromptBuffer(TrajectorySink, Protocol):
@@ -147,7 +149,8 @@ class SearcherLoop:
         if not prompts:
             return None
         policy_version = self.engine.version
-        completions = self.engine.generate(tokens, self._sampling_params())
+        params = self._sampling_params()
+        completions = self.engine.generate(tokens, params)
         self.generated_version = policy_version
         phases.done("generate")
         # At most one round in flight: memory stays bounded, and its errors surface here.
@@ -164,6 +167,7 @@ class SearcherLoop:
             latest_version=self.weights.latest_version,
             swaps=swaps,
             loop_seconds=phases.seconds,
+            temperature=params.temperature,
         )
 
     def _lease(self) -> tuple[str, list[Prompt], list[list[int]]]:
@@ -215,7 +219,22 @@ class SearcherLoop:
         return SamplingParams(
             n=s.samples_per_prompt,
             max_new_tokens=s.max_new_tokens,
-            temperature=s.temperature,
+            temperature=round_temperature(s, entropy),
             top_p=s.top_p,
             seed=int(np.random.SeedSequence(entropy).generate_state(1)[0]),
         )
+
+
+def round_temperature(settings: SearcherSettings, entropy: Sequence[int]) -> float:
+    """The round's sampling temperature: with a range (`temperature_low`..`temperature_high`),
+    a `temperature_draw_fraction` of rounds draw one uniformly from it, as Lee et al.'s
+    `simulate_experience` does (GFNOrg/red-teaming, trainers/gfn_trainer.py); the others, and
+    every round without a range, sample at `temperature`. Drawn from its own stream of the
+    round's seed (`entropy`), so it is reproducible and leaves the sampling seed as it was."""
+    bounds = settings.temperature_range
+    if bounds is None:
+        return settings.temperature
+    low, high, fraction = bounds
+    rng = np.random.default_rng(np.random.SeedSequence([*entropy, _TEMPERATURE_STREAM]))
+    draws, temperature = rng.random(), float(rng.uniform(low, high))
+    return temperature if draws < fraction else settings.temperature

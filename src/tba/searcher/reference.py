@@ -31,7 +31,6 @@ class ReferenceScorer:
         self,
         model: Any,
         pad_token_id: int,
-        temperature: float,
         batch_size: int,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
@@ -40,14 +39,17 @@ class ReferenceScorer:
         self.model.eval()
         self.model.requires_grad_(False)
         self.pad_token_id = pad_token_id
-        self.temperature = temperature
         self.batch_size = batch_size
 
     def score(
-        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        temperature: float,
     ) -> list[ReferenceLogprobs]:
-        """Temperature-scaled log-probs of each (prompt, completion), in order: the sequence
-        sum (`sequence_logprobs`, bit for bit) and its per-token values."""
+        """Log-probs of logits / `temperature` (the round's sampling temperature) of each
+        (prompt, completion), in order: the sequence sum (`sequence_logprobs`, bit for bit)
+        and its per-token values."""
         if len(prompts) != len(completions):
             raise ValueError("prompts and completions differ in number")
         width = hidden_size_of(self.model)
@@ -61,7 +63,7 @@ class ReferenceScorer:
                     self.model,
                     [prompts[i] for i in rows],
                     [completions[i] for i in rows],
-                    self.temperature,
+                    temperature,
                     self.pad_token_id,
                 )
                 sums = scored.sums().float().cpu().tolist()

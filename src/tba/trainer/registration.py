@@ -22,7 +22,12 @@ def run_identity(settings: TrainerRunSettings, tokenizer: Any, model_config: Any
     generation = settings.searcher
     return combined(
         model_identity(settings.model, settings.trainer.seed, tokenizer, model_config),
-        generation_identity(settings.task, generation.temperature, generation.max_new_tokens),
+        generation_identity(
+            settings.task,
+            generation.temperature,
+            generation.max_new_tokens,
+            generation.temperature_range,
+        ),
     )
 
 
