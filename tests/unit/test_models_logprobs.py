@@ -22,10 +22,12 @@ MODEL = ModelSettings(tiny_layers=2, tiny_width=32, tiny_heads=2, tiny_positions
 TEMPERATURE = 0.7
 
 
-def _alone_tokens(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+def _alone_tokens(
+    model, prompt: list[int], completion: list[int], temperature: float = TEMPERATURE
+) -> torch.Tensor:
     """The plain definition: one unpadded causal pass, log-softmax of each completion token."""
     ids = torch.tensor([[*prompt, *completion]])
-    logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float() / TEMPERATURE
+    logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float() / temperature
     logprobs = torch.log_softmax(logits, dim=-1)
     targets = ids[0, 1:]
     picked = logprobs[torch.arange(targets.numel()), targets]
@@ -115,6 +117,7 @@ def test_a_plan_holds_at_most_max_rows_a_sequence_and_plans_again_the_same():
         ([[1]], [[]], 1.0, "at least one token"),
         ([[]], [[2]], 1.0, "at least one token"),
         ([[1]], [[2]], 0.0, "temperature"),
+        ([[1], [1]], [[2], [3]], torch.tensor([0.7, 0.0]), "temperature"),
     ],
 )
 def test_bad_input_is_refused(prompts, completions, temperature, message):
@@ -136,3 +139,30 @@ def test_token_logprobs_are_each_rows_tokens_in_order_and_sum_to_the_sequence():
         sums = sequence_logprobs(model, prompts, completions, TEMPERATURE, pad)
     assert torch.equal(tokens.sums(), sums)
     assert [len(r) for r in per_row] == [len(c) for c in completions]
+
+
+def test_each_row_may_have_its_own_temperature():
+    """Two completions of one prompt (one packed sequence) at 0.5 and 1.7: each row's values
+    are those of the row alone at its temperature, by the plain definition."""
+    tokenizer, model = load_model(MODEL, 0)
+    prompts, completions = [[1, 5, 6], [1, 5, 6]], [[7, 8, 9], [10, 11]]
+    temperatures = torch.tensor([0.5, 1.7])
+    with torch.no_grad():
+        both = token_logprobs(model, prompts, completions, temperatures, tokenizer.pad_token_id)
+        rows = zip(both.per_row(), prompts, completions, [0.5, 1.7], strict=True)
+        for i, (got, p, c, t) in enumerate(rows):
+            torch.testing.assert_close(got, _alone_tokens(model, p, c, t), atol=1e-5, rtol=0)
+            alone = sequence_logprobs(model, [p], [c], t, tokenizer.pad_token_id)
+            torch.testing.assert_close(both.sums()[i : i + 1], alone)
+    assert both.sums()[0] != both.sums()[1]
+
+
+def test_a_temperature_per_row_equal_for_all_gives_the_floats_values_bit_for_bit():
+    tokenizer, model = load_model(MODEL, 0)
+    prompts, completions = _groups(1)
+    pad = tokenizer.pad_token_id
+    rows = torch.full((len(prompts),), TEMPERATURE)
+    with torch.no_grad():
+        one = token_logprobs(model, prompts, completions, TEMPERATURE, pad)
+        each = token_logprobs(model, prompts, completions, rows, pad)
+    assert torch.equal(one.values, each.values)

@@ -13,9 +13,8 @@ def batch(tokenizer) -> TrainBatch:
     stored = torch.tensor([-5.0, -6.0])
     inputs = LossInputs(stored, stored, torch.zeros(2), torch.tensor([0, 1]), 2)
     empty = [torch.zeros(0), torch.zeros(0)]
-    return TrainBatch(
-        prompts, completions, inputs, torch.zeros(2, dtype=torch.long), 0, empty, empty
-    )
+    versions = torch.zeros(2, dtype=torch.long)
+    return TrainBatch(prompts, completions, inputs, versions, 0, empty, empty, torch.zeros(2))
 
 
 def test_reset_freezes_a_copy_of_the_policy_and_relabels_from_it():

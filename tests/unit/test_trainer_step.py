@@ -63,7 +63,9 @@ def make_batch(tokenizer, engine: LocalEngine, on_policy: bool) -> TrainBatch:
     ]
     ref_tokens = [t.float() - 0.1 for t in scored]
     versions = torch.zeros(n, dtype=torch.long)
-    return TrainBatch(prompts, completions, inputs, versions, 0, behavior_tokens, ref_tokens)
+    return TrainBatch(
+        prompts, completions, inputs, versions, 0, behavior_tokens, ref_tokens, torch.zeros(n)
+    )
 
 
 def gradient(engine: LocalEngine, batch: TrainBatch, objective: Objective, micro: int):

@@ -1,8 +1,9 @@
 """Sequence log-probabilities of completions, and their per-token terms (`token_logprobs`,
 whose `sums` are `sequence_logprobs` exactly), shared by the trainer (policy) and the
 searcher (reference), so both compute exactly the same quantity (DESIGN.md section 2):
-logits divided by the sampling temperature, completion tokens only (prompt and padding
-masked, a final EOS counted).
+logits divided by the sampling temperature (one for the batch, or each row's own where
+searchers drew a temperature per round), completion tokens only (prompt and padding masked,
+a final EOS counted).
 
 Completions of one prompt share its forward pass: a packed sequence holds the prompt once
 and then each completion, and an attention mask lets each completion see the prompt and its
@@ -72,11 +73,12 @@ def token_logprobs(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
     completions: Sequence[Sequence[int]],
-    temperature: float,
+    temperature: float | torch.Tensor,
     pad_token_id: int,
 ) -> TokenLogprobs:
-    """Every completion token's log-prob; differentiable (wrap in no_grad for inference)."""
-    if temperature <= 0:
+    """Every completion token's log-prob under logits / `temperature`: one for every row, or
+    ([rows]) each row's own; differentiable (wrap in no_grad for inference)."""
+    if not bool((torch.as_tensor(temperature) > 0).all()):
         raise ValueError("temperature must be > 0")
     device = next(model.parameters()).device
     batch = pack_shared_prompts(prompts, completions, pad_token_id, hidden_size_of(model), device)
@@ -86,16 +88,26 @@ def token_logprobs(
         position_ids=batch.position_ids,
         use_cache=False,
     ).logits
-    picked = logits[batch.target_sequence, batch.target_position].float() / temperature
+    picked = logits[batch.target_sequence, batch.target_position].float()
+    picked = picked / _per_target(temperature, batch.target_row)
     token = picked.gather(-1, batch.target_token.unsqueeze(-1)).squeeze(-1)
     return TokenLogprobs(token - torch.logsumexp(picked, dim=-1), batch.target_row, batch.rows)
+
+
+def _per_target(temperature: float | torch.Tensor, row: torch.Tensor) -> float | torch.Tensor:
+    """The divisor of each target token's logits: a float as it is (the values of one
+    temperature for all, unchanged bit for bit), a row's temperature as float32 ([T, 1]),
+    the precision the logits are divided in either way."""
+    if not isinstance(temperature, torch.Tensor):
+        return temperature
+    return temperature.to(device=row.device, dtype=torch.float32)[row].unsqueeze(-1)
 
 
 def sequence_logprobs(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
     completions: Sequence[Sequence[int]],
-    temperature: float,
+    temperature: float | torch.Tensor,
     pad_token_id: int,
 ) -> torch.Tensor:
     """[N] sum of completion-token log-probs; differentiable (wrap in no_grad for inference)."""

@@ -23,7 +23,8 @@ from tba.trainer.loss import LossInputs
 class TrainBatch:
     """One training batch as rows (one per trajectory), grouped by prompt. `behavior_tokens`
     and `ref_tokens` are each row's stored per-token log-probs ([tokens] float32; empty where
-    its searcher sent none)."""
+    its searcher sent none); `sampling_temperature` ([n] float32) each row's temperature,
+    0 where it is the run's."""
 
     prompts: list[list[int]]
     completions: list[list[int]]
@@ -32,6 +33,7 @@ class TrainBatch:
     latest_version: int
     behavior_tokens: list[torch.Tensor]
     ref_tokens: list[torch.Tensor]
+    sampling_temperature: torch.Tensor
 
     @property
     def size(self) -> int:
@@ -47,7 +49,17 @@ class TrainBatch:
             self.latest_version,
             [self.behavior_tokens[i] for i in picked],
             [self.ref_tokens[i] for i in picked],
+            self.sampling_temperature[rows],
         )
+
+    def temperatures(self, run_temperature: float) -> float | torch.Tensor:
+        """What to divide logits by: each row's own temperature, the run's where it has none
+        (0); the run's as a float when no row has its own, so such a batch is computed
+        exactly as before per-round temperatures."""
+        own = self.sampling_temperature
+        if not bool((own > 0).any()):
+            return run_temperature
+        return torch.where(own > 0, own, torch.tensor(run_temperature, dtype=own.dtype))
 
     def with_ref_logprob(
         self, ref_logprob: torch.Tensor, ref_tokens: list[torch.Tensor]
@@ -73,7 +85,7 @@ def collate(batch: Batch) -> TrainBatch:
     """Rows of every trajectory of every group, in batch order; empty groups are dropped."""
     prompts: list[list[int]] = []
     completions: list[list[int]] = []
-    ref, behavior, reward, group, version = [], [], [], [], []
+    ref, behavior, reward, group, version, temperature = [], [], [], [], [], []
     behavior_tokens: list[torch.Tensor] = []
     ref_tokens: list[torch.Tensor] = []
     groups = [g for g in batch.groups if g.trajectories]
@@ -86,6 +98,7 @@ def collate(batch: Batch) -> TrainBatch:
             reward.append(t.reward)
             group.append(index)
             version.append(t.policy_version)
+            temperature.append(t.sampling_temperature)
             behavior_tokens.append(_tensor(t.behavior_token_logprobs))
             ref_tokens.append(_tensor(t.ref_token_logprobs))
     inputs = LossInputs(
@@ -97,7 +110,14 @@ def collate(batch: Batch) -> TrainBatch:
     )
     versions = torch.tensor(version, dtype=torch.long)
     return TrainBatch(
-        prompts, completions, inputs, versions, batch.latest_version, behavior_tokens, ref_tokens
+        prompts,
+        completions,
+        inputs,
+        versions,
+        batch.latest_version,
+        behavior_tokens,
+        ref_tokens,
+        torch.tensor(temperature, dtype=torch.float32),
     )
 
 

@@ -65,12 +65,15 @@ class ReferenceResets:
         sums, tokens = [], []
         with torch.no_grad(), self.forward_context():
             for start in range(0, batch.size, self.micro_batch_size):
-                end = start + self.micro_batch_size
+                # Each row at its own sampling temperature, as the searcher scored it.
+                part = batch.select(
+                    torch.arange(start, min(start + self.micro_batch_size, batch.size))
+                )
                 scored = token_logprobs(
                     self.module,
-                    batch.prompts[start:end],
-                    batch.completions[start:end],
-                    self.temperature,
+                    part.prompts,
+                    part.completions,
+                    part.temperatures(self.temperature),
                     self.pad_token_id,
                 )
                 sums.append(scored.sums().float().cpu())

@@ -34,9 +34,10 @@ from tba.trainer.tokens import require_behavior_tokens, token_importance_weights
 
 @dataclass(frozen=True)
 class Scoring:
-    """How the policy scores rows: sequence log-probs of logits / `temperature` (the
-    searchers' sampling temperature), micro-batches padded with `pad_token_id`; with
-    `token_clip`, importance weights from per-token ratios (`tba.trainer.tokens`)."""
+    """How the policy scores rows: sequence log-probs of logits / `temperature` (the run's
+    sampling temperature, for rows without their own: `TrainBatch.temperatures`),
+    micro-batches padded with `pad_token_id`; with `token_clip`, importance weights from
+    per-token ratios (`tba.trainer.tokens`)."""
 
     temperature: float
     pad_token_id: int
@@ -156,7 +157,11 @@ def policy_logprobs(
     log-probs (detached)."""
     with engine.forward_context():
         scored = token_logprobs(
-            engine.module, rows.prompts, rows.completions, scoring.temperature, scoring.pad_token_id
+            engine.module,
+            rows.prompts,
+            rows.completions,
+            rows.temperatures(scoring.temperature),
+            scoring.pad_token_id,
         )
     tokens = scored.cpu_rows()
     return scored.sums().float().cpu(), tokens
