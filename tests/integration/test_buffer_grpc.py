@@ -132,6 +132,19 @@ def test_token_logprobs_travel_both_ways(client):
     assert got.ref_token_logprobs == sent.ref_token_logprobs
 
 
+def test_sampling_temperatures_travel_both_ways_and_bad_ones_are_refused_by_name(client):
+    (pid,) = client.put_prompts([Prompt("", "x")]).prompt_ids
+    sent = trajectory(pid, completion=[1, 2])
+    sent.sampling_temperature = 1.42
+    client.add_trajectories([sent], searcher_id="s1", request_id=new_request_id())
+    batch = client.sample(SampleSpec(num_prompts=1, samples_per_prompt=1, recency_probability=1))
+    assert batch.groups[0].trajectories[0].sampling_temperature == 1.42
+    sent.sampling_temperature = -1.0
+    message = r"trajectories\[0\]\.sampling_temperature must be 0 \(the run's\)"
+    with pytest.raises(InvalidArgumentError, match=message):
+        client.add_trajectories([sent], searcher_id="s1", request_id=new_request_id())
+
+
 def test_token_logprobs_that_miss_their_sum_are_refused_by_name(client):
     (pid,) = client.put_prompts([Prompt("", "x")]).prompt_ids
     good = with_token_logprobs(trajectory(pid, completion=[1, 2]), [-0.5, -0.75], [-1.0, -1.0])

@@ -79,6 +79,20 @@ def test_contradicting_runs_and_searchers_are_refused_naming_the_field(service):
     assert "refused a trainer's run: the buffer holds run run-1" in log
 
 
+def test_a_runs_temperature_range_is_kept_and_a_differing_one_refused_by_name(service):
+    ranged = dataclasses.replace(
+        IDENTITY, temperature_low=0.7, temperature_high=2.0, temperature_draw_fraction=0.5
+    )
+    with client_of(service) as client:
+        assert client.register_run(Run("run-1", ranged, RUN.recipe)).identity == ranged
+        assert client.join_run("s1", IDENTITY).identity == ranged  # no range: it takes the run's
+        other = dataclasses.replace(ranged, temperature_low=0.5)
+        with pytest.raises(FailedPreconditionError, match=r"temperature_low: the run has 0\.7"):
+            client.join_run("s1", other)
+        stats = httpx.get(f"{service.http_url}/v1/stats", timeout=10).json()
+        assert stats["run"]["identity"]["temperature_high"] == 2.0
+
+
 def test_trajectories_are_tagged_with_the_registered_run(service):
     with client_of(service) as client:
         (pid,) = client.put_prompts([Prompt("", "1+1=", "2")]).prompt_ids

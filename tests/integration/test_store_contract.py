@@ -225,6 +225,23 @@ def test_token_logprobs_round_trip_beside_trajectories_without_them(
     run(make_store, scenario)
 
 
+def test_sampling_temperatures_round_trip_beside_trajectories_without_them(
+    make_store: MakeStore,
+) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a")
+        drawn = dataclasses.replace(trajectory("a", (5, 6)), sampling_temperature=1.37)
+        ranged = with_token_logprobs(trajectory("a", (8,)), [-0.5], [-1.0])
+        ranged.sampling_temperature = 0.71
+        sent = [drawn, ranged, trajectory("a", (7,))]
+        assert await add(store, *sent) == AddResult(accepted=3, replaced_duplicates=0, evicted=0)
+        got = await store.get_trajectories([1, 2, 3])
+        assert got == [dataclasses.replace(t, id=i) for i, t in enumerate(sent, 1)]
+        assert [t.sampling_temperature for t in got] == [1.37, 0.71, 0.0]
+
+    run(make_store, scenario)
+
+
 def test_a_repeated_request_id_replays_the_first_result(make_store: MakeStore) -> None:
     async def scenario(store: BufferStore) -> None:
         await put(store, "a", "b")
