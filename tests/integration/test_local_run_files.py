@@ -4,6 +4,7 @@ this machine: a few trainer steps, every service on the file's model and task.""
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from pathlib import Path
 
@@ -41,6 +42,20 @@ def test_tba_local_runs_the_run_file(tmp_path, monkeypatch, name):
     freeze_step = run_file.get("buffer", {}).get("freeze_growth_after_step", 0)
     if freeze_step:  # the red-teaming variant freezes at step 2 of 3
         assert f"trainer step {freeze_step}: buffer growth frozen at" in result.log("buffer")
+    check_round_temperatures(result.log("searcher-0"), run_file["searcher"])
+
+
+def check_round_temperatures(searcher_log: str, searcher: dict[str, float]) -> None:
+    """With a per-round range, the searcher's rounds (its log) sampled at more than one
+    temperature, each the run's or one in the range."""
+    if "temperature_low" not in searcher:
+        return
+    shown = re.findall(r"searcher/temperature=([0-9.]+)", searcher_log)
+    temperatures = {float(t) for t in shown}
+    assert len(temperatures) > 1, shown
+    low, high = searcher["temperature_low"], searcher["temperature_high"]
+    # The log shows 4 significant digits.
+    assert all(t == searcher["temperature"] or low - 1e-3 <= t <= high + 1e-3 for t in temperatures)
 
 
 def check_fill_and_beta(run_dir: Path, t: TrainerSettings) -> None:

@@ -116,6 +116,9 @@ APPENDIX_B3 = {
     "trainer.target_temperature_end": 1.0,
     "trainer.prior_temperature_start": 1.0,
     "trainer.prior_temperature_end": 1.0,
+    # The small setup samples every round at the run's temperature: no per-round range.
+    "searcher.temperature_low": None,
+    "searcher.temperature_high": None,
 }
 PAPER_TABLES = {
     "gsm8k-rhomath-1b": TABLE_2,
@@ -154,6 +157,13 @@ PAPER_TABLES = {
         "trainer.prior_temperature_start": 1.0,
         "trainer.prior_temperature_end": 1.2,
         "trainer.prior_temperature_anneal_steps": 2000,
+        # Each round's temperature drawn in [0.7, 2.0] (App. B.3; Lee et al.'s README,
+        # --temp_low 0.7 --temp_high 2.0), on half of the rounds, the others at 1 (their
+        # simulate_experience).
+        "searcher.temperature": 1.0,
+        "searcher.temperature_low": 0.7,
+        "searcher.temperature_high": 2.0,
+        "searcher.temperature_draw_fraction": 0.5,
     },
 }
 
