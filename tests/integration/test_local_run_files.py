@@ -75,3 +75,34 @@ def check_fill_and_beta(run_dir: Path, t: TrainerSettings) -> None:
     # The target's temperatures too (the red-teaming variant anneals both).
     temperatures = [(r["trainer/prior_temperature"], r["trainer/target_temperature"]) for r in rows]
     assert temperatures == [pytest.approx(target_temperatures(t, r["step"] - 1)) for r in rows]
+
+
+# The comparison objectives and token-level importance clipping, end to end on the demo's run
+# file (TB with importance weights), so every trainer mechanism runs on the real data path.
+VARIANTS = {
+    "grpo": ("--objective", "grpo"),
+    "online_dpo": ("--objective", "online_dpo"),
+    "token_clip": ("--set", "trainer.importance_clip_level=token"),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_tba_local_trains_each_objective_and_the_token_clip(tmp_path, monkeypatch, variant):
+    monkeypatch.chdir(REPO)
+    config = REPO / "configs" / "arithmetic-demo.toml"
+    result = run_local(
+        tmp_path / "run",
+        *("--config", str(config), "--steps", str(STEPS), *VARIANTS[variant]),
+        *("--set", "local.eval_prompts=8"),
+    )
+    assert result.summary["steps"] == STEPS
+    trainer = tomllib.loads((result.run_dir / "trainer.toml").read_text())["trainer"]
+    if variant == "token_clip":
+        assert trainer["importance_clip_level"] == "token"
+    else:
+        assert trainer["objective"] == variant
+    lines = (result.run_dir / "metrics" / "trainer.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    # The searchers send per-token log-probs by default: the token-level KL is measured.
+    assert all(r["trainer/kl_token_mean"] == r["trainer/kl_token_mean"] for r in rows)
