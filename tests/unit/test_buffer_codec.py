@@ -1,5 +1,6 @@
 import dataclasses
 import struct
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -81,11 +82,9 @@ def test_a_trajectory_without_token_logprobs_is_still_a_version_1_blob() -> None
     assert codec.encode_trajectory(t)[0] == 2
 
 
-def test_a_version_1_blob_written_before_token_logprobs_still_decodes() -> None:
-    # Built by hand in the first format: header, prompt id, searcher id, tokens, text.
-    header = struct.pack("<BddddqBHHIII", 1, 0.5, -3.0, -2.5, 1_700_000_000.0, 7, 1, 2, 2, 8, 4, 2)
-    blob = header + b"p1" + b"s9" + pack_tokens([1, 10]) + pack_tokens([5]) + b"ok"
-    assert codec.decode_trajectory(blob, 4) == Trajectory(
+def hand_built(**fields: Any) -> Trajectory:
+    """The trajectory the hand-built blobs below hold (id 4), with `fields` set."""
+    return Trajectory(
         prompt_id="p1",
         prompt_token_ids=pack_tokens([1, 10]),
         completion_token_ids=pack_tokens([5]),
@@ -95,10 +94,17 @@ def test_a_version_1_blob_written_before_token_logprobs_still_decodes() -> None:
         behavior_logprob=-2.5,
         policy_version=7,
         searcher_id="s9",
-        finish_reason=FinishReason.STOP,
         created_at_s=1_700_000_000.0,
         id=4,
+        **fields,
     )
+
+
+def test_a_version_1_blob_written_before_token_logprobs_still_decodes() -> None:
+    # Built by hand in the first format: header, prompt id, searcher id, tokens, text.
+    header = struct.pack("<BddddqBHHIII", 1, 0.5, -3.0, -2.5, 1_700_000_000.0, 7, 1, 2, 2, 8, 4, 2)
+    blob = header + b"p1" + b"s9" + pack_tokens([1, 10]) + pack_tokens([5]) + b"ok"
+    assert codec.decode_trajectory(blob, 4) == hand_built(finish_reason=FinishReason.STOP)
 
 
 def test_a_sampling_temperature_makes_a_version_3_blob_and_only_it() -> None:
@@ -121,21 +127,8 @@ def test_a_version_2_blob_written_before_sampling_temperatures_still_decodes() -
     )
     blob = header + b"p1" + b"s9" + pack_tokens([1, 10]) + pack_tokens([5]) + b"ok" + behavior + ref
     decoded = codec.decode_trajectory(blob, 4)
-    assert decoded == Trajectory(
-        prompt_id="p1",
-        prompt_token_ids=pack_tokens([1, 10]),
-        completion_token_ids=pack_tokens([5]),
-        completion_text="ok",
-        reward=0.5,
-        ref_logprob=-3.0,
-        behavior_logprob=-2.5,
-        policy_version=7,
-        searcher_id="s9",
-        finish_reason=FinishReason.LENGTH,
-        created_at_s=1_700_000_000.0,
-        id=4,
-        behavior_token_logprobs=behavior,
-        ref_token_logprobs=ref,
+    assert decoded == hand_built(
+        finish_reason=FinishReason.LENGTH, behavior_token_logprobs=behavior, ref_token_logprobs=ref
     )
     assert decoded.sampling_temperature == 0.0  # the run's
 
