@@ -144,12 +144,21 @@ def test_trainer_killed_9_resumes_its_checkpoint_and_never_reuses_a_version(
 
 
 def unfinished_versions(root: Path) -> list[int]:
-    """Version folders of a file:// store holding files but no manifest: uploads under way."""
+    """Version folders of a file:// store holding files but no manifest, newer than every
+    version with one: uploads under way (an older folder without its manifest is one that
+    retention is deleting)."""
     folders = root / "versions"
-    found = folders.iterdir() if folders.is_dir() else iter(())
-    return sorted(
-        int(f.name[1:]) for f in found if any(f.iterdir()) and not (f / MANIFEST).exists()
-    )
+    complete, partial = [0], []
+    for folder in folders.iterdir() if folders.is_dir() else iter(()):
+        try:
+            files = {f.name for f in folder.iterdir()}
+        except FileNotFoundError:
+            continue  # removed by retention meanwhile
+        if MANIFEST in files:
+            complete.append(int(folder.name[1:]))
+        elif files:
+            partial.append(int(folder.name[1:]))
+    return sorted(v for v in partial if v > max(complete))
 
 
 def stop_mid_publish(proc: TbaProcess, root: Path) -> int:
@@ -159,7 +168,7 @@ def stop_mid_publish(proc: TbaProcess, root: Path) -> int:
     while time.monotonic() < deadline:
         assert proc.alive(), proc.log()[-4000:]
         if unfinished_versions(root):
-            proc.signal(signal.SIGSTOP)
+            proc.freeze()
             caught = unfinished_versions(root)
             if caught:
                 return caught[-1]
