@@ -12,6 +12,7 @@ import torch
 from tba.models.config import ModelSettings
 from tba.models.loading import load_model
 from tba.models.logprobs import (
+    distinct_rows,
     pack_shared_prompts,
     plan_sequences,
     sequence_logprobs,
@@ -166,3 +167,31 @@ def test_a_temperature_per_row_equal_for_all_gives_the_floats_values_bit_for_bit
         one = token_logprobs(model, prompts, completions, TEMPERATURE, pad)
         each = token_logprobs(model, prompts, completions, rows, pad)
     assert torch.equal(one.values, each.values)
+
+
+def test_identical_rows_are_scored_once_with_each_copys_value_and_gradient():
+    """Copies of a row (same prompt, completion and temperature) run through the model once;
+    every copy gets the row's values, and the gradient is that of scoring every copy."""
+    tokenizer, model = load_model(MODEL, 0)
+    prompts = [[1, 5, 6], [1, 5, 6], [1, 5, 6], [1, 7], [1, 5, 6], [1, 7]]
+    completions = [[7, 8], [9], [7, 8], [7, 8], [7, 8], [7, 8]]
+    temperatures = torch.tensor([0.7, 0.7, 0.7, 0.7, 1.3, 0.7])
+    assert distinct_rows(prompts, completions, temperatures) == ([0, 1, 3, 4], [0, 1, 0, 2, 3, 2])
+    fed: list[int] = []
+    hook = model.transformer.register_forward_hook(
+        lambda _m, _a, out: fed.append(int(out.last_hidden_state.shape[0]))
+    )
+    scored = token_logprobs(model, prompts, completions, temperatures, tokenizer.pad_token_id)
+    hook.remove()
+    pairs = zip(prompts, completions, temperatures.tolist(), strict=True)
+    alone = [_alone_tokens(model, p, c, t) for p, c, t in pairs]
+    for got, want in zip(scored.per_row(), alone, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    # One pass over the 4 distinct rows: 2 packed sequences, one per prompt.
+    assert fed == [2]
+    weights = torch.linspace(0.5, 1.5, len(prompts))
+    params = list(model.parameters())
+    got = torch.autograd.grad((scored.sums() * weights).sum(), params)
+    want = torch.autograd.grad((torch.stack([a.sum() for a in alone]) * weights).sum(), params)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)

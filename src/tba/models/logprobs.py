@@ -12,6 +12,11 @@ samples of a 7-token arithmetic prompt so runs 44 tokens where one row per compl
 a training step's forward and backward take half the time, a reference pass 40%. The values
 are those of each (prompt, completion) run alone, to float rounding.
 
+Identical rows (same prompt, completion and temperature) are scored once and their values
+shared: small vocabularies repeat completions often (a group of 8 sampled sums of the demo
+holds about 3 distinct answers), and a shared value passes each copy's gradient back through
+the one forward, the same gradient as scoring every copy.
+
 Attention over a packed sequence costs its length squared, so a completion joins its prompt's
 sequence only where that costs fewer multiply-adds than a sequence of its own (long
 completions of a short prompt, hundreds of tokens after a dozen, each keep their own), and a
@@ -68,6 +73,18 @@ class TokenLogprobs:
         values = self.values.detach().float().cpu()
         return TokenLogprobs(values, self.row.cpu(), self.rows).per_row()
 
+    def expanded(self, source: torch.Tensor) -> TokenLogprobs:
+        """Token log-probs of `len(source)` rows, row r holding the tokens of this row
+        source[r] (differentiable: a row's gradient flows to the tokens it was copied from)."""
+        order = torch.argsort(self.row, stable=True)
+        counts = torch.bincount(self.row, minlength=self.rows)
+        starts = torch.cumsum(counts, 0) - counts
+        lengths = counts[source]
+        row = torch.repeat_interleave(torch.arange(len(source), device=source.device), lengths)
+        first = torch.cumsum(lengths, 0) - lengths
+        offset = torch.arange(row.numel(), device=source.device) - first[row]
+        return TokenLogprobs(self.values[order[starts[source][row] + offset]], row, len(source))
+
 
 def token_logprobs(
     model: torch.nn.Module,
@@ -80,6 +97,23 @@ def token_logprobs(
     ([rows]) each row's own; differentiable (wrap in no_grad for inference)."""
     if not bool((torch.as_tensor(temperature) > 0).all()):
         raise ValueError("temperature must be > 0")
+    first, source = distinct_rows(prompts, completions, temperature)
+    if len(first) == len(prompts):
+        return _score(model, prompts, completions, temperature, pad_token_id)
+    if isinstance(temperature, torch.Tensor):
+        temperature = temperature[torch.tensor(first, device=temperature.device)]
+    prompts, completions = [prompts[r] for r in first], [completions[r] for r in first]
+    scored = _score(model, prompts, completions, temperature, pad_token_id)
+    return scored.expanded(torch.tensor(source, device=scored.row.device))
+
+
+def _score(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    temperature: float | torch.Tensor,
+    pad_token_id: int,
+) -> TokenLogprobs:
     device = next(model.parameters()).device
     batch = pack_shared_prompts(prompts, completions, pad_token_id, hidden_size_of(model), device)
     logits = model(
@@ -92,6 +126,28 @@ def token_logprobs(
     picked = picked / _per_target(temperature, batch.target_row)
     token = picked.gather(-1, batch.target_token.unsqueeze(-1)).squeeze(-1)
     return TokenLogprobs(token - torch.logsumexp(picked, dim=-1), batch.target_row, batch.rows)
+
+
+def distinct_rows(
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    temperature: float | torch.Tensor,
+) -> tuple[list[int], list[int]]:
+    """The first row of each distinct (prompt, completion, temperature), and for every row
+    the position of its own among those."""
+    if len(prompts) != len(completions):
+        raise ValueError("prompts and completions differ in number")
+    temperatures = torch.as_tensor(temperature).reshape(-1).tolist()
+    position: dict[tuple[tuple[int, ...], tuple[int, ...], float], int] = {}
+    first: list[int] = []
+    source: list[int] = []
+    for row, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+        key = (tuple(prompt), tuple(completion), temperatures[row % len(temperatures)])
+        if key not in position:
+            position[key] = len(first)
+            first.append(row)
+        source.append(position[key])
+    return first, source
 
 
 def _per_target(temperature: float | torch.Tensor, row: torch.Tensor) -> float | torch.Tensor:
