@@ -1,11 +1,14 @@
 """The buffer's REST API through a real uvicorn, with httpx."""
 
+import re
+
 import httpx
 import pytest
 
 from tba.buffer.config import BufferClientSettings
 from tba.buffer.transport.grpc_client import BufferClient
 from tba.domain import new_request_id
+from tba.errors import InvalidArgumentError
 from tests.fixtures.buffer_service import start_buffer
 from tests.fixtures.data import trajectory
 
@@ -89,3 +92,22 @@ def test_weights_health_metrics_and_docs(http):
     assert http.get("/docs").status_code == 200
     paths = http.get("/openapi.json").json()["paths"]
     assert {"/v1/prompts", "/v1/stats", "/v1/weights"} <= set(paths)
+
+
+def _handled(http: httpx.Client, method: str) -> float:
+    pattern = rf'^tba_buffer_rpc_handling_seconds_count\{{method="{method}"\}} (\S+)$'
+    found = re.search(pattern, http.get("/metrics").text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_metrics_count_each_grpc_call_with_its_handling_time(http, buffer_service):
+    """Every call is timed, a refused one too (INVALID_ARGUMENT for a lease of 0 prompts)."""
+    before = _handled(http, "LeasePrompts")
+    with BufferClient(BufferClientSettings(address=buffer_service.address)) as client:
+        client.lease_prompts("s1", 1)
+        with pytest.raises(InvalidArgumentError):
+            client.lease_prompts("s1", 0)
+    assert _handled(http, "LeasePrompts") == before + 2
+    text = http.get("/metrics").text
+    assert "# TYPE tba_buffer_rpc_handling_seconds histogram" in text
+    assert 'tba_buffer_rpc_handling_seconds_bucket{le="+Inf",method="LeasePrompts"}' in text

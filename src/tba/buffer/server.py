@@ -14,6 +14,7 @@ import uvicorn
 from tba.buffer.access import NO_TOKEN_WARNING
 from tba.buffer.config import BufferSettings
 from tba.buffer.history import max_points
+from tba.buffer.metrics import HandlingTimes
 from tba.buffer.service import BufferService
 from tba.buffer.store import StoreLimits, open_buffer_store
 from tba.buffer.transport.grpc_server import start_grpc_server
@@ -47,11 +48,11 @@ def bind_tcp(host: str, port: int) -> socket.socket:
     return sock
 
 
-def http_server(service: BufferService) -> uvicorn.Server:
+def http_server(service: BufferService, handling: HandlingTimes | None = None) -> uvicorn.Server:
     """uvicorn with the REST app, deadlines on slow clients and a cap on connections."""
     settings = service.settings
     config = uvicorn.Config(
-        create_app(service),
+        create_app(service, handling),
         log_level="warning",
         lifespan="off",
         http=deadline_protocol(settings.http_header_timeout_s, settings.http_body_timeout_s),
@@ -80,10 +81,11 @@ async def serve(
         log.warning(NO_TOKEN_WARNING)
     store = open_buffer_store(settings.store, settings.key_prefix, store_limits(settings))
     service = BufferService(store, settings)
-    grpc_server = await start_grpc_server(service, settings)
+    handling = HandlingTimes()
+    grpc_server = await start_grpc_server(service, settings, handling)
     http_socket = bind_tcp(settings.http_host, settings.http_port)
     http_port = http_socket.getsockname()[1]
-    http = http_server(service)
+    http = http_server(service, handling)
     http_task = asyncio.create_task(http.serve(sockets=[http_socket]))
     history_task = asyncio.create_task(record_history(service))
     stop = asyncio.Event()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tba.buffer.config import BufferSettings
+from tba.buffer.metrics import HandlingTimes
 from tba.buffer.service import BufferService
 from tba.buffer.transport import proto_convert
 from tba.buffer.transport.grpc_auth import TokenInterceptor
@@ -68,18 +70,25 @@ def _maps_errors(
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}"
             )
+        started_s = time.perf_counter()
         try:
             return await method(self, request, context)
         except TbaError as exc:
-            # abort raises (grpc ends the call with its status), so nothing follows it.
-            await context.abort(code_for(exc), str(exc))
+            refused = exc
+        finally:
+            if self.handling is not None:
+                self.handling.observe(method.__name__, time.perf_counter() - started_s)
+        # abort raises (grpc ends the call with its status), so nothing follows it. It comes
+        # after the call is recorded: a client that sees the status finds it on /metrics.
+        await context.abort(code_for(refused), str(refused))
 
     return wrapper
 
 
 class ReplayBufferServicer(pb_grpc.ReplayBufferServicer):
-    def __init__(self, service: BufferService) -> None:
+    def __init__(self, service: BufferService, handling: HandlingTimes | None = None) -> None:
         self._service = service
+        self.handling = handling
 
     @_maps_errors
     async def PutPrompts(self, request: Any, context: Any) -> pb.PutPromptsResponse:
@@ -214,15 +223,19 @@ class GrpcServer:
         await self.server.stop(grace_s)
 
 
-async def start_grpc_server(service: BufferService, settings: BufferSettings) -> GrpcServer:
+async def start_grpc_server(
+    service: BufferService, settings: BufferSettings, handling: HandlingTimes | None = None
+) -> GrpcServer:
     """Starts serving (`port` is the bound one, useful when `grpc_port` is 0), with health
-    and reflection; READINESS follows the store from its first check on."""
+    and reflection; READINESS follows the store from its first check on; each call's
+    handling time goes to `handling`."""
     token = settings.auth_token
     server = grpc.aio.server(
         options=channel_options(settings.max_message_bytes),
         interceptors=[TokenInterceptor(token)] if token is not None else [],
     )
-    server.add_generic_rpc_handlers((_replay_buffer_handler(ReplayBufferServicer(service)),))
+    servicer = ReplayBufferServicer(service, handling)
+    server.add_generic_rpc_handlers((_replay_buffer_handler(servicer),))
     health_servicer = health_aio.HealthServicer()  # LIVENESS starts SERVING
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

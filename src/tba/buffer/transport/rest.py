@@ -254,8 +254,9 @@ def _configured_schema(app: FastAPI, settings: BufferSettings) -> Callable[[], d
     return openapi
 
 
-def create_app(service: BufferService) -> FastAPI:
-    """The REST app, behind its RequestGuard, with the service's settings (token, limits)."""
+def create_app(service: BufferService, handling: metrics.HandlingTimes | None = None) -> FastAPI:
+    """The REST app, behind its RequestGuard, with the service's settings (token, limits);
+    /metrics shows the gRPC calls' `handling` times where given."""
     settings = service.settings
     app = FastAPI(
         title="TBA replay buffer",
@@ -265,7 +266,7 @@ def create_app(service: BufferService) -> FastAPI:
     app.router.route_class = FiniteJSONRoute
     _add_error_handlers(app)
     _add_write_routes(app, service)
-    _add_read_routes(app, service)
+    _add_read_routes(app, service, handling)
     _add_health_routes(app, service)
     app.openapi = _configured_schema(app, settings)  # type: ignore[method-assign]
     token = settings.auth_token
@@ -318,7 +319,9 @@ def _add_write_routes(app: FastAPI, service: BufferService) -> None:
     )
 
 
-def _add_read_routes(app: FastAPI, service: BufferService) -> None:
+def _add_read_routes(
+    app: FastAPI, service: BufferService, handling: metrics.HandlingTimes | None
+) -> None:
     @app.get("/v1/stats", response_model=StatsOut, responses=_errors(503))
     async def get_stats() -> StatsOut:
         return stats_out(await service.stats())
@@ -338,7 +341,8 @@ def _add_read_routes(app: FastAPI, service: BufferService) -> None:
 
     @app.get("/metrics", response_class=PlainTextResponse, responses=_errors(503))
     async def get_metrics() -> Response:
-        return Response(metrics.render(await service.stats()), media_type=metrics.CONTENT_TYPE)
+        text = metrics.render(await service.stats(), handling)
+        return Response(text, media_type=metrics.CONTENT_TYPE)
 
 
 def _add_health_routes(app: FastAPI, service: BufferService) -> None:
