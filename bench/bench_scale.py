@@ -9,7 +9,9 @@ steps). A fresh Redis, buffer and run per N.
 Per N: the trainer's wait for data per step (the first step, which waits for the searchers
 to start, left out), the ingest rate the searchers were acknowledged (beside the nominal
 N x 128 trajectories per 0.5 s), ingest errors, the trainer's Sample p50 / p99 (every call,
-polls included), the staleness (versions behind the buffer's newest) of the trajectories in
+polls included) and the same calls as the service timed its handling of them
+(`tba_buffer_rpc_handling_seconds` on its /metrics, quantiles interpolated within buckets as
+Prometheus does), the staleness (versions behind the buffer's newest) of the trajectories in
 the batches it trained on, the trainer's step time, and the cores the buffer service, Redis,
 the trainer's process and the searchers' processes kept busy while the trainer ran (from
 /proc and process_time: where the CPU went when the machine runs short).
@@ -22,12 +24,15 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import Row, proc_stat
 from bench.simulated_searchers import (
@@ -88,6 +93,8 @@ class ScaleResult:
     step_s: list[float]  # per step, all phases, the first left out
     # Cores each part kept busy while the trainer ran (1.0: one core).
     cores: dict[str, float]
+    # Sample p50 and p99 as the service timed its handling, ms.
+    served_ms: tuple[float, float]
 
     @property
     def ingest_per_s(self) -> float:
@@ -118,7 +125,8 @@ class ScaleResult:
             f"ingest {self.ingest_per_s:.0f}/s (nominal {self.nominal_per_s:.0f}/s), "
             f"{self.searched.rounds} rounds, {len(self.searched.errors)} errors, "
             f"Sample p50 {self.sample_p(50):.1f} ms p99 {self.sample_p(99):.1f} ms "
-            f"({len(self.sample_ms)} calls), staleness {self.staleness_shares()}, "
+            f"({len(self.sample_ms)} calls; handled in p50 {self.served_ms[0]:.1f} "
+            f"p99 {self.served_ms[1]:.1f} ms), staleness {self.staleness_shares()}, "
             f"step {np.mean(self.step_s) * 1000:.0f} ms, cores busy: "
             + ", ".join(f"{k} {v:.2f}" for k, v in self.cores.items())
         )
@@ -155,22 +163,54 @@ def trainer_settings(root: Path, address: str, steps: int) -> TrainerRunSettings
     return load_settings(TrainerRunSettings, DEMO, overrides, run_sections())
 
 
+def handled_ms(http_url: str, method: str, quantiles: tuple[float, ...]) -> tuple[float, ...]:
+    """Quantiles (ms) of the service's handling time of `method`, from its histogram."""
+    text = httpx.get(f"{http_url}/metrics", timeout=10).text
+    (family,) = [
+        f
+        for f in text_string_to_metric_families(text)
+        if f.name == "tba_buffer_rpc_handling_seconds"
+    ]
+    buckets = sorted(
+        (float(s.labels["le"]), s.value)
+        for s in family.samples
+        if s.name.endswith("_bucket") and s.labels["method"] == method
+    )
+    return tuple(bucket_quantile(buckets, q) * 1000 for q in quantiles)
+
+
+def bucket_quantile(buckets: list[tuple[float, float]], q: float) -> float:
+    """Prometheus' histogram_quantile: linear within the bucket where the cumulative count
+    reaches q of the total (the largest finite bound where that is the +Inf bucket)."""
+    rank = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank and count > lower_count:
+            if math.isinf(bound):
+                return lower_bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (
+                count - lower_count
+            )
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
 def train_against(
-    address: str, pids: dict[str, int], searchers: int, steps: int, root: Path
+    service: BufferProcess, pids: dict[str, int], searchers: int, steps: int, root: Path
 ) -> ScaleResult:
     """The demo's trainer for `steps` steps while `searchers` simulated searchers post; the
     servers' CPU (`pids`) measured over the trainer's run."""
     from tba.trainer.main import build_loop
 
-    with BufferClient(BufferClientSettings(address=address)) as client:
+    with BufferClient(BufferClientSettings(address=service.address)) as client:
         tokens = put_prompts(client)
-    loop = build_loop(trainer_settings(root, address, steps))  # registers the run
+    loop = build_loop(trainer_settings(root, service.address, steps))  # registers the run
     assert isinstance(loop.source, BufferClient)
     source = TimedSource(loop.source, loop.settings.min_batch_prompts)
     loop.source = source
     run = source.client.stats().run
     assert run is not None
-    pool = SearcherPool(address, searchers, run.run_id, tokens)
+    pool = SearcherPool(service.address, searchers, run.run_id, tokens)
     pool.start()
     before = {name: proc_stat(pid).cpu_s for name, pid in pids.items()}
     begin, cpu_begin = time.perf_counter(), time.process_time()
@@ -184,11 +224,12 @@ def train_against(
         loop.metrics.close()
         source.client.close()
     cores["simulated searchers"] = searched.cpu_s / searched.elapsed_s
+    p50, p99 = handled_ms(service.http_url, "Sample", (0.5, 0.99))
     metrics = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines()]
     waits = [m["time/wait_data_s"] for m in metrics[1:]]
     step_s = [sum(m[f"time/{p}_s"] for p in PHASES) for m in metrics[1:]]
     return ScaleResult(
-        searchers, waits, source.sample_ms, source.staleness, searched, step_s, cores
+        searchers, waits, source.sample_ms, source.staleness, searched, step_s, cores, (p50, p99)
     )
 
 
@@ -200,7 +241,7 @@ def measure(searchers: int, steps: int, root: Path) -> ScaleResult:
         service.start()
         assert service.proc is not None
         pids = {"buffer service": service.proc.pid, "Redis": redis.pid}
-        return train_against(service.address, pids, searchers, steps, root)
+        return train_against(service, pids, searchers, steps, root)
     finally:
         service.stop()
         redis.kill()
@@ -247,6 +288,8 @@ def rows(results: list[ScaleResult]) -> list[Row]:
             ),
             Row(NAME, f"{n}: Sample p50", r.sample_p(50), "ms"),
             _p99_row(n, r, first, r is last),
+            Row(NAME, f"{n}: Sample p50, handling in the service", r.served_ms[0], "ms"),
+            Row(NAME, f"{n}: Sample p99, handling in the service", r.served_ms[1], "ms"),
             Row(
                 NAME, f"{n}: staleness mean ({r.staleness_shares()})", r.staleness_mean, "versions"
             ),

@@ -134,6 +134,7 @@ def test_every_metric_and_label_the_board_queries_is_served(served) -> None:
         "tba_buffer_adds_per_second",
         "tba_buffer_samples_per_second",
         "tba_buffer_trajectories_by_staleness",
+        "tba_buffer_rpc_handling_seconds_bucket",
         "tba_trainer_loss",
         "tba_trainer_kl",
         "tba_trainer_kl_token_mean",

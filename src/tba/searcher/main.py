@@ -7,18 +7,17 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import signal
 import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from tba.cli import Flag
 from tba.errors import FailedPreconditionError
 from tba.searcher.config import SearcherRunSettings
 from tba.settings import CommandSettings
+from tba.signals import stop_on_signals
 
 if TYPE_CHECKING:
     from tba.buffer.transport.grpc_client import BufferClient
@@ -99,28 +98,29 @@ def run(settings: CommandSettings) -> None:
     import torch
 
     torch.manual_seed(settings.searcher.seed)
-    stop = threading.Event()
-    stop_on_signals(stop)
-    try:
-        searcher = build_searcher(settings, stop)
-    except FailedPreconditionError as exc:
-        raise SystemExit(f"searcher refused by the buffer: {exc}") from exc
-    if searcher is None:
-        log.info("searcher stopped before a run was registered")
-        return
-    try:
-        searcher.weights.catch_up()
-        s = searcher.settings
-        print(
-            f"searcher ready: id {searcher.loop.searcher_id}, engine {s.engine.kind}, "
-            f"version {searcher.engine.version}, task {s.task.name}, "
-            f"buffer {s.client.address}, run {searcher.run.run_id}",
-            flush=True,
-        )
-        rounds = searcher.loop.run()
-        log.info("searcher done: %d rounds, weight version %d", rounds, searcher.engine.version)
-    finally:
-        searcher.close()
+    # SIGTERM and Ctrl-C end the wait for a run, or let the round in progress finish (its
+    # trajectories posted, its lease acknowledged); then the process exits 0.
+    with stop_on_signals("stopping after the round in progress") as stop:
+        try:
+            searcher = build_searcher(settings, stop)
+        except FailedPreconditionError as exc:
+            raise SystemExit(f"searcher refused by the buffer: {exc}") from exc
+        if searcher is None:
+            log.info("searcher stopped before a run was registered")
+            return
+        try:
+            searcher.weights.catch_up()
+            s = searcher.settings
+            print(
+                f"searcher ready: id {searcher.loop.searcher_id}, engine {s.engine.kind}, "
+                f"version {searcher.engine.version}, task {s.task.name}, "
+                f"buffer {s.client.address}, run {searcher.run.run_id}",
+                flush=True,
+            )
+            rounds = searcher.loop.run()
+            log.info("searcher done: %d rounds, weight version %d", rounds, searcher.engine.version)
+        finally:
+            searcher.close()
 
 
 def build_searcher(
@@ -256,15 +256,3 @@ def seed_prompts(client: BufferClient, task: Task) -> int:
 
 def default_searcher_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-
-
-def stop_on_signals(stop: threading.Event) -> None:
-    """SIGTERM and Ctrl-C end the wait for a run, or let the round in progress finish (its
-    trajectories are posted and its lease acknowledged); then the process exits 0."""
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: stopping after the round in progress", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)

@@ -5,7 +5,7 @@ than from the first round to arrive.
 
 The count is the buffer's `BufferStats.trajectories` (completions held now), read through an
 injected `StatsSource` (the trainer's buffer client); a shutdown signal ends the wait through
-an injected scope (`tba.trainer.main.signals_stop`), so this module knows nothing of gRPC or
+an injected scope (`tba.signals.stop_on_signals`), so this module knows nothing of gRPC or
 signals and is tested with fakes.
 """
 

@@ -11,17 +11,13 @@ One process by default. Data parallel with DeepSpeed ZeRO under its launcher, e.
 from __future__ import annotations
 
 import logging
-import signal
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from tba.cli import Flag
 from tba.errors import FailedPreconditionError
 from tba.settings import CommandSettings
+from tba.signals import stop_on_signals
 from tba.trainer.config import (
     TrainerRunSettings,
     TrainerSettings,
@@ -177,25 +173,9 @@ def build_initial_fill(t: TrainerSettings, client: StatsSource) -> InitialFill |
 
     if t.initial_buffer_completions == 0:
         return None
-    return InitialFill(client, t.initial_buffer_completions, t.data_poll_s, stop_scope=signals_stop)
-
-
-@contextmanager
-def signals_stop() -> Iterator[threading.Event]:
-    """An event SIGTERM and Ctrl-C set while inside (instead of ending the process), so a wait
-    can end cleanly; the previous handlers come back on leaving."""
-    stop = threading.Event()
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: stopping", signum)
-        stop.set()
-
-    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield stop
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return InitialFill(
+        client, t.initial_buffer_completions, t.data_poll_s, stop_scope=stop_on_signals
+    )
 
 
 def build_metrics(settings: TrainerRunSettings, rank: int, run_id: str) -> FanOut:
