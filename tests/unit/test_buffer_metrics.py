@@ -42,7 +42,7 @@ def test_each_methods_calls_fall_in_cumulative_buckets_with_their_sum():
     assert got[("bucket", "Sample0.001")] == 1
     # A bucket holds the calls at or under its bound.
     assert got[("bucket", "Sample0.0025")] == 2
-    assert got[("bucket", "Sample10")] == 3
+    assert got[("bucket", "Sample10.0")] == 3
     assert got[("bucket", "Sample+Inf")] == got[("count", "Sample")] == 4
     assert abs(got[("sum", "Sample")] - 20.0059) < 1e-9
     assert got[("bucket", "AddTrajectories0.01")] == 1

@@ -3,17 +3,10 @@ and of how long the service took over each gRPC call (`HandlingTimes`)."""
 
 from __future__ import annotations
 
-import bisect
-import itertools
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from tba.domain import BufferStats
 
@@ -32,25 +25,20 @@ class HandlingTimes:
     awaiting the store in the same event loop are inside it."""
 
     def __init__(self) -> None:
-        self._counts: dict[str, list[int]] = {}
-        self._sums_s: dict[str, float] = {}
-
-    def observe(self, method: str, seconds: float) -> None:
-        counts = self._counts.setdefault(method, [0] * (len(HANDLING_BUCKETS_S) + 1))
-        counts[bisect.bisect_left(HANDLING_BUCKETS_S, seconds)] += 1
-        self._sums_s[method] = self._sums_s.get(method, 0.0) + seconds
-
-    def families(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(
+        # Its own registry: the page adds its families to each scrape's snapshot.
+        self._histogram = Histogram(
             "tba_buffer_rpc_handling_seconds",
             "Seconds the buffer service took over a gRPC call, by method.",
-            labels=["method"],
+            ["method"],
+            buckets=HANDLING_BUCKETS_S,
+            registry=CollectorRegistry(auto_describe=False),
         )
-        bounds = [f"{b:g}" for b in HANDLING_BUCKETS_S] + ["+Inf"]
-        for method, counts in sorted(self._counts.items()):
-            buckets = list(zip(bounds, itertools.accumulate(counts), strict=True))
-            family.add_metric([method], buckets, sum_value=self._sums_s[method])
-        yield family
+
+    def observe(self, method: str, seconds: float) -> None:
+        self._histogram.labels(method).observe(seconds)
+
+    def families(self) -> Iterator[Metric]:
+        yield from self._histogram.collect()
 
 
 class _SnapshotCollector:

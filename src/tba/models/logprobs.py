@@ -62,11 +62,14 @@ class TokenLogprobs:
         return self.values.new_zeros(self.rows).index_add(0, self.row, self.values)
 
     def per_row(self) -> list[torch.Tensor]:
-        """Each row's token log-probs in completion order (packing keeps a row's tokens in
-        order, so a stable sort by row puts them back in row order)."""
-        order = torch.argsort(self.row, stable=True)
-        counts = torch.bincount(self.row, minlength=self.rows)
+        """Each row's token log-probs in completion order."""
+        order, counts = self._by_row()
         return list(torch.split(self.values[order], counts.tolist()))
+
+    def _by_row(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions of the values in row order (packing keeps a row's tokens in order, so a
+        stable sort by row keeps them so), and each row's token count."""
+        return torch.argsort(self.row, stable=True), torch.bincount(self.row, minlength=self.rows)
 
     def cpu_rows(self) -> list[torch.Tensor]:
         """`per_row` detached, as float32 on the CPU, copied from the device once."""
@@ -76,8 +79,7 @@ class TokenLogprobs:
     def expanded(self, source: torch.Tensor) -> TokenLogprobs:
         """Token log-probs of `len(source)` rows, row r holding the tokens of this row
         source[r] (differentiable: a row's gradient flows to the tokens it was copied from)."""
-        order = torch.argsort(self.row, stable=True)
-        counts = torch.bincount(self.row, minlength=self.rows)
+        order, counts = self._by_row()
         starts = torch.cumsum(counts, 0) - counts
         lengths = counts[source]
         row = torch.repeat_interleave(torch.arange(len(source), device=source.device), lengths)
