@@ -77,6 +77,14 @@ class BufferSettings(Section):
     max_batch_trajectories: int = Field(
         8192, ge=1, description="Most trajectories one AddTrajectories call may carry."
     )
+    adds_in_flight: int = Field(
+        4,
+        ge=1,
+        le=1024,
+        description="AddTrajectories calls the service works on at once; the others wait "
+        "their turn. Ingest is CPU work in one event loop: a cap keeps a burst of posts from "
+        "many searchers from queueing ahead of each step of the trainer's Sample.",
+    )
     max_prompts_per_call: int = Field(
         100_000, ge=1, description="Most prompts one PutPrompts call may carry."
     )

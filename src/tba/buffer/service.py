@@ -3,6 +3,7 @@ keeps rates. Transports (gRPC servicer, REST handlers) only translate and delega
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import logging
@@ -72,6 +73,7 @@ class BufferService:
         self._clock = clock
         self._adds = RateMeter(settings.rate_window_s, clock)
         self._samples = RateMeter(settings.rate_window_s, clock)
+        self._add_slots = asyncio.Semaphore(settings.adds_in_flight)
         # The trainer's latest report since the previous history point.
         self._report: TrainerReport | None = None
         # The cap the buffer's growth was frozen at (`freeze_growth_after_step`); None: not yet.
@@ -101,7 +103,19 @@ class BufferService:
         result (`replayed`); the id reused for another batch is FailedPreconditionError, and
         so is a batch of another run than the registered one (`runs.check_tagged`). Each
         trajectory is stored under the request's `searcher_id` (the buffer owns that field;
-        `created_at_s` is the sender's)."""
+        `created_at_s` is the sender's). At most `adds_in_flight` calls are worked on at
+        once; the rest wait here, before any of their work."""
+        async with self._add_slots:
+            return await self._add(request_id, searcher_id, lease_id, trajectories, run_id)
+
+    async def _add(
+        self,
+        request_id: str,
+        searcher_id: str,
+        lease_id: str,
+        trajectories: Sequence[Trajectory],
+        run_id: str,
+    ) -> AddResult:
         validation.check_add(request_id, searcher_id, lease_id, trajectories, self.settings, run_id)
         digest = codec.request_digest(searcher_id, lease_id, trajectories)
         prompt_ids = {t.prompt_id for t in trajectories}
