@@ -144,7 +144,11 @@ class BufferService:
             self._note_report(spec.report)
             await self._freeze_growth_when_due(spec.report.step)
         rng = np.random.default_rng(spec.seed)
-        latest = await self.store.latest_weights()
+        # One recency window for every top-up round, fetched beside the version: each round
+        # trip waits behind the adds' scripts in Redis, so fewer of them in a row count.
+        latest, window = await asyncio.gather(
+            self.store.latest_weights(), self.store.recent_prompt_ids(self.settings.recency_window)
+        )
         latest_version = latest.version if latest else 0
         min_version = sampling.min_version_allowed(latest_version, spec.max_age_versions)
         chosen: dict[str, SampleSource] = {}
@@ -154,7 +158,7 @@ class BufferService:
             missing = sources[len(selected) :]
             if not missing:
                 break
-            fresh = await self._choose_prompts(missing, set(chosen), rng)
+            fresh = await self._choose_prompts(missing, window, set(chosen), rng)
             if not fresh:
                 break
             chosen.update(fresh)
@@ -165,12 +169,15 @@ class BufferService:
         return Batch(groups=groups, latest_version=latest_version)
 
     async def _choose_prompts(
-        self, sources: list[SampleSource], exclude: set[str], rng: np.random.Generator
+        self,
+        sources: list[SampleSource],
+        window: list[str],
+        exclude: set[str],
+        rng: np.random.Generator,
     ) -> dict[str, SampleSource]:
         """Distinct prompts for the given sources; a source short of prompts (the recency
-        window, or a small buffer) passes its slots to the other."""
+        `window`, or a small buffer) passes its slots to the other."""
         wanted_recent = sources.count(SampleSource.RECENCY)
-        window = await self.store.recent_prompt_ids(self.settings.recency_window)
         recent = sampling.pick_distinct(window, wanted_recent, exclude, rng)
         wanted_reward = len(sources) - len(recent)
         uniforms = rng.random(_OVERSAMPLE * wanted_reward + 4).tolist()
@@ -211,8 +218,10 @@ class BufferService:
         self, selected: dict[str, list[int]], sources: dict[str, SampleSource]
     ) -> list[PromptGroup]:
         wanted = [i for ids in selected.values() for i in ids]
-        by_id = {t.id: t for t in await self.store.get_trajectories(wanted)}
-        prompts = await self.store.get_prompts(list(selected))
+        stored, prompts = await asyncio.gather(
+            self.store.get_trajectories(wanted), self.store.get_prompts(list(selected))
+        )
+        by_id = {t.id: t for t in stored}
         groups = []
         for prompt_id, ids in selected.items():
             trajectories = [by_id[i] for i in ids if i in by_id]
