@@ -79,6 +79,10 @@ def test_a_bad_since_is_422_with_a_message(fast_history, since):
         {"version": -1, "metrics": {"accuracy": 0.5}},
         {"version": 1, "metrics": {"bad name": 0.5}},
         {"metrics": {"accuracy": 0.5}},
+        # JSON types as the schema states them: no booleans or strings read as numbers.
+        {"version": 1, "metrics": {"accuracy": False}},
+        {"version": True, "metrics": {"accuracy": 0.5}},
+        {"version": 1, "metrics": {"accuracy": "0.5"}},
     ],
 )
 def test_bad_evaluations_are_422_and_add_nothing(fast_history, body):

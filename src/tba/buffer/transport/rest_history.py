@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI, Query
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from tba.buffer.history import Evaluation, HistoryPoint
 from tba.buffer.service import BufferService
@@ -39,6 +39,10 @@ class TrainerReportOut(BaseModel):
 
 
 class EvaluationIn(BaseModel):
+    # Strict: the JSON types the schema states, so `false` is no metric value and `true` no
+    # version (lax validation would read them as 0.0 and 1).
+    model_config = ConfigDict(strict=True)
+
     version: int = Field(ge=0, description="The weight version evaluated (0: the base model).")
     step: int = Field(0, ge=0, description="The trainer step that published it.")
     metrics: dict[str, float] = Field(
