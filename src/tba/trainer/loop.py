@@ -30,7 +30,7 @@ from tba.trainer.checkpoint import Checkpointer, LoopState
 from tba.trainer.config import TrainerSettings
 from tba.trainer.engine import TrainEngine
 from tba.trainer.fill import InitialFill
-from tba.trainer.loss import Objective, beta_at, importance_clip, ramp_at, tb_target
+from tba.trainer.loss import ImportanceClip, Objective, beta_at, ramp_at, tb_target
 from tba.trainer.metrics import MetricsSink
 from tba.trainer.optim import RewardDecay
 from tba.trainer.publish import PublishFailedError, PublishProgress
@@ -260,6 +260,13 @@ class TrainerLoop:
             and self.state.step % every == 0
             and not last
         )
+
+
+def importance_clip(t: TrainerSettings) -> ImportanceClip | None:
+    """The clip `tb` and `rloo` weigh trajectories with; None without `importance_weights`."""
+    if not t.importance_weights:
+        return None
+    return ImportanceClip(t.importance_weight_min, t.importance_weight_max, t.importance_clip_level)
 
 
 def target_temperatures(s: TrainerSettings, step: int) -> tuple[float, float]:

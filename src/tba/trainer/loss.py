@@ -34,12 +34,9 @@ on the same split and data path, are in `tba.trainer.objectives` with their form
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from tba.trainer.config import TrainerSettings
 
 
 @dataclass(frozen=True)
@@ -81,13 +78,6 @@ class ImportanceClip:
     min_weight: float
     max_weight: float
     level: Literal["sequence", "token"] = "sequence"
-
-
-def importance_clip(t: TrainerSettings) -> ImportanceClip | None:
-    """The clip `tb` and `rloo` weigh trajectories with; None without `importance_weights`."""
-    if not t.importance_weights:
-        return None
-    return ImportanceClip(t.importance_weight_min, t.importance_weight_max, t.importance_clip_level)
 
 
 def ramp_at(step: int, start: float, end: float, anneal_steps: int) -> float:

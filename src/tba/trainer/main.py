@@ -196,7 +196,8 @@ def next_base_version(checkpointed: int, *announced: Any) -> int:
 
 
 def build_objective(t: TrainerSettings) -> Objective:
-    from tba.trainer.loss import Rloo, TrajectoryBalance, importance_clip
+    from tba.trainer.loop import importance_clip
+    from tba.trainer.loss import Rloo, TrajectoryBalance
     from tba.trainer.objectives import Grpo, OnlineDpo
 
     if t.objective in ("grpo", "online_dpo"):
