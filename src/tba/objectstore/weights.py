@@ -28,6 +28,7 @@ from typing import Any
 from tba.domain import WeightVersion
 from tba.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from tba.objectstore.base import ObjectStore, join_uri, key_of
+from tba.objectstore.version_files import VersionFiles
 
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
@@ -60,13 +61,16 @@ def publish_weights(
     keep_last: int = 3,
     state_dict: Mapping[str, Any] | None = None,
     clock: Callable[[], float] = time.time,
+    files_of: VersionFiles | None = None,
 ) -> WeightVersion:
     """Writes `model` (a transformers `PreTrainedModel`; `state_dict` overrides its tensors,
     e.g. gathered from ZeRO-3 shards) and `tokenizer` as version `version`, then the manifest,
     then `LATEST`, then deletes versions beyond the newest `keep_last`. Returns what to
     announce to the buffer. Raises FailedPreconditionError if the version already exists.
     The config records the dtype of the files (that of `state_dict` when given), so
-    `from_pretrained` loads them as they are."""
+    `from_pretrained` loads them as they are. A publisher of many versions passes the same
+    `files_of` (for this model and tokenizer) each time: it writes them faster after the
+    first (`VersionFiles`)."""
     if version < 1 or keep_last < 1:
         raise InvalidArgumentError("version and keep_last must be at least 1")
     prefix = version_key(version)
@@ -74,12 +78,7 @@ def publish_weights(
         raise FailedPreconditionError(f"weight version {version} already exists in {store.uri}")
     with tempfile.TemporaryDirectory(prefix="tba-publish-") as staging:
         folder = Path(staging)
-        # save_pretrained empties the dict it is given: a retry must find its tensors.
-        given = dict(state_dict) if state_dict is not None else None
-        model.save_pretrained(folder, state_dict=given, safe_serialization=True)
-        if state_dict is not None:
-            _record_dtype(folder / "config.json", state_dict)
-        tokenizer.save_pretrained(folder)
+        (files_of or VersionFiles(model, tokenizer)).write(folder, state_dict)
         files = _upload_hashing(store, prefix, sorted(p for p in folder.iterdir() if p.is_file()))
     published_at_s = clock()
     manifest = json.dumps(
@@ -104,17 +103,6 @@ def publish_weights(
     store.put_bytes(LATEST, json.dumps(_weights_to_dict(weights), sort_keys=True).encode())
     apply_retention(store, keep_last)
     return weights
-
-
-def _record_dtype(config_path: Path, state_dict: Mapping[str, Any]) -> None:
-    """save_pretrained writes the model's own parameter dtype into the config; the files
-    hold `state_dict`'s (a bf16 export of fp32 master weights)."""
-    floating = [t.dtype for t in state_dict.values() if t.is_floating_point()]
-    if not floating:
-        return
-    config = json.loads(config_path.read_text())
-    config["dtype"] = str(floating[0]).removeprefix("torch.")
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _upload_hashing(store: ObjectStore, prefix: str, paths: list[Path]) -> dict[str, Any]:

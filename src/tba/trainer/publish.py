@@ -31,6 +31,7 @@ import torch
 from tba.domain import WeightVersion
 from tba.errors import TbaError, UnavailableError
 from tba.objectstore import ObjectStore
+from tba.objectstore.version_files import VersionFiles
 from tba.objectstore.weights import (
     MANIFEST,
     apply_retention,
@@ -124,6 +125,7 @@ class StorePublisher:
         self.export_dtype = export_dtype
         self.background = background
         self._next_version = 1
+        self._files = VersionFiles(engine.model, tokenizer)
         # A version whose write failed: the next snapshot is written under its number.
         self._unfinished: _Attempts | None = None
         self._progress = PublishProgress()
@@ -259,4 +261,5 @@ class StorePublisher:
             self.tokenizer,
             keep_last=self.keep_versions,
             state_dict=attempts.state_dict,
+            files_of=self._files,
         )
