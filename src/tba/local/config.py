@@ -154,7 +154,7 @@ def demo_trainer() -> TrainerSettings:
         publish_every_steps=1,
         # Lockstep with the searcher: announced in the background, a version came after the
         # next step had drawn, and 0.90 took 3,068-3,160 steps instead of 2,041-2,157 (two
-        # seeds each); a synchronous publish of the tiny model blocks ~17 ms a step.
+        # seeds each); a synchronous publish of the tiny model blocks about 20 ms a step.
         publish_in_background=False,
         keep_versions=3,
         # The trainer waits on each newest round: a short poll keeps that wait near the
