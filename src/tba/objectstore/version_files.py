@@ -86,15 +86,23 @@ class VersionFiles:
         if state_dict is not None and self._direct is not None and self._direct.fits(state_dict):
             self._direct.write(folder, state_dict)
             return
-        # save_pretrained empties the dict it is given: a retry must find its tensors.
-        given = dict(state_dict) if state_dict is not None else None
-        self.model.save_pretrained(folder, state_dict=given, safe_serialization=True)
-        if state_dict is not None:
-            _record_dtype(folder / "config.json", state_dict)
-        self.tokenizer.save_pretrained(folder)
+        save_pretrained_files(folder, self.model, self.tokenizer, state_dict)
         if state_dict is not None and not self._learned:
             self._learned = True
             self._direct = _learn_direct_write(folder, state_dict)
+
+
+def save_pretrained_files(
+    folder: Path, model: Any, tokenizer: Any, state_dict: Mapping[str, torch.Tensor] | None
+) -> None:
+    """One version's files as transformers writes them (`state_dict` overrides the model's
+    tensors), the config naming the dtype of the files."""
+    # save_pretrained empties the dict it is given: a retry must find its tensors.
+    given = dict(state_dict) if state_dict is not None else None
+    model.save_pretrained(folder, state_dict=given, safe_serialization=True)
+    if state_dict is not None:
+        _record_dtype(folder / "config.json", state_dict)
+    tokenizer.save_pretrained(folder)
 
 
 def _record_dtype(config_path: Path, state_dict: Mapping[str, Any]) -> None:

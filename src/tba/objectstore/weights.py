@@ -28,7 +28,7 @@ from typing import Any
 from tba.domain import WeightVersion
 from tba.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from tba.objectstore.base import ObjectStore, join_uri, key_of
-from tba.objectstore.version_files import VersionFiles
+from tba.objectstore.version_files import VersionFiles, save_pretrained_files
 
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
@@ -78,7 +78,10 @@ def publish_weights(
         raise FailedPreconditionError(f"weight version {version} already exists in {store.uri}")
     with tempfile.TemporaryDirectory(prefix="tba-publish-") as staging:
         folder = Path(staging)
-        (files_of or VersionFiles(model, tokenizer)).write(folder, state_dict)
+        if files_of is not None:
+            files_of.write(folder, state_dict)
+        else:  # a single version: nothing to learn for the next
+            save_pretrained_files(folder, model, tokenizer, state_dict)
         files = _upload_hashing(store, prefix, sorted(p for p in folder.iterdir() if p.is_file()))
     published_at_s = clock()
     manifest = json.dumps(

@@ -4,8 +4,8 @@ Each publish starts with a snapshot (`take_snapshot`): a copy of the weights on 
 export dtype (`[model] dtype`: bf16 halves the bytes), taken between optimizer steps so it is
 one consistent set of weights. Then the snapshot is written (save_pretrained for the first
 version, its tensors alone with safetensors after that where `VersionFiles` can; sha256
-manifest, `LATEST`, retention) and announced, either at once (`background=False`: the step waits, a
-publish that fails after its retries stops the trainer) or on a publisher thread while
+manifest, `LATEST`, retention) and announced, either at once (`background=False`: the step
+waits, a publish that fails after its retries stops the trainer) or on a publisher thread while
 training goes on (at most one publish in flight; a newer snapshot replaces one still waiting,
 counted as skipped; a publish that fails after its retries is counted and logged, and the next
 snapshot is published). The version number is taken when a snapshot is written, so versions
