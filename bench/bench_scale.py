@@ -9,7 +9,8 @@ steps). A fresh Redis, buffer and run per N.
 Per N: the trainer's wait for data per step (the first step, which waits for the searchers
 to start, left out), the ingest rate the searchers were acknowledged (beside the nominal
 N x 128 trajectories per 0.5 s), ingest errors, the trainer's Sample p50 / p99 (every call,
-polls included) and the same calls as the service timed its handling of them
+polls included, each less the time it waited in the buffer for data: the trainer long-polls)
+and the same calls as the service timed its handling of them (its waits left out too)
 (`tba_buffer_rpc_handling_seconds` on its /metrics, quantiles interpolated within buckets as
 Prometheus does), the staleness (versions behind the buffer's newest) of the trajectories in
 the batches it trained on, the trainer's step time, and the cores the buffer service, Redis,
@@ -63,19 +64,22 @@ PHASES = ("wait_data", "compute", "publish", "checkpoint")  # a step's timed pha
 
 @dataclass
 class TimedSource:
-    """The trainer's BufferClient, each Sample call timed, and the staleness of every
-    trajectory in the batches the loop accepts (the first with `min_groups` groups: the
-    loop's own rule) counted."""
+    """The trainer's BufferClient, each Sample call timed less its wait in the buffer for
+    data (a long poll: what is left is the call's own work and queueing), and the staleness
+    of every trajectory in the batches the loop accepts (the first with `min_groups` groups:
+    the loop's own rule) counted."""
 
     client: BufferClient
     min_groups: int
     sample_ms: list[float] = field(default_factory=list)
+    waited_ms: list[float] = field(default_factory=list)
     staleness: collections.Counter[int] = field(default_factory=collections.Counter)
 
     def sample(self, spec: SampleSpec) -> Batch:
         begin = time.perf_counter()
         batch = self.client.sample(spec)
-        self.sample_ms.append((time.perf_counter() - begin) * 1000)
+        self.sample_ms.append((time.perf_counter() - begin - batch.waited_s) * 1000)
+        self.waited_ms.append(batch.waited_s * 1000)
         if sum(1 for g in batch.groups if g.trajectories) >= self.min_groups:
             for group in batch.groups:
                 for t in group.trajectories:
@@ -87,7 +91,8 @@ class TimedSource:
 class ScaleResult:
     searchers: int
     wait_s: list[float]  # per step, the first left out
-    sample_ms: list[float]
+    sample_ms: list[float]  # each call less its wait in the buffer
+    sample_waited_ms: list[float]  # each call's wait in the buffer (long poll)
     staleness: collections.Counter[int]
     searched: SearcherReport
     step_s: list[float]  # per step, all phases, the first left out
@@ -125,7 +130,8 @@ class ScaleResult:
             f"ingest {self.ingest_per_s:.0f}/s (nominal {self.nominal_per_s:.0f}/s), "
             f"{self.searched.rounds} rounds, {len(self.searched.errors)} errors, "
             f"Sample p50 {self.sample_p(50):.1f} ms p99 {self.sample_p(99):.1f} ms "
-            f"({len(self.sample_ms)} calls; handled in p50 {self.served_ms[0]:.1f} "
+            f"({len(self.sample_ms)} calls, waiting {np.mean(self.sample_waited_ms):.0f} ms "
+            f"each in the buffer; handled in p50 {self.served_ms[0]:.1f} "
             f"p99 {self.served_ms[1]:.1f} ms), staleness {self.staleness_shares()}, "
             f"step {np.mean(self.step_s) * 1000:.0f} ms, cores busy: "
             + ", ".join(f"{k} {v:.2f}" for k, v in self.cores.items())
@@ -229,7 +235,15 @@ def train_against(
     waits = [m["time/wait_data_s"] for m in metrics[1:]]
     step_s = [sum(m[f"time/{p}_s"] for p in PHASES) for m in metrics[1:]]
     return ScaleResult(
-        searchers, waits, source.sample_ms, source.staleness, searched, step_s, cores, (p50, p99)
+        searchers,
+        waits,
+        source.sample_ms,
+        source.waited_ms,
+        source.staleness,
+        searched,
+        step_s,
+        cores,
+        (p50, p99),
     )
 
 

@@ -116,7 +116,9 @@ class TrainerReport:
 @dataclass(frozen=True, slots=True)
 class SampleSpec:
     """What the trainer asks of the buffer: B prompts x up to K completions; `report`, the
-    metrics of its latest step, rides along for the buffer's history."""
+    metrics of its latest step, rides along for the buffer's history. With `min_groups` and
+    `wait_s` set, the buffer waits up to `wait_s` for a draw of `min_groups` groups (a long
+    poll) instead of answering a smaller draw at once."""
 
     num_prompts: int
     samples_per_prompt: int
@@ -126,12 +128,17 @@ class SampleSpec:
     min_samples_per_prompt: int = 1
     seed: int | None = None
     report: TrainerReport | None = None
+    min_groups: int = 0
+    wait_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class Batch:
     groups: list[PromptGroup]
     latest_version: int
+    # Seconds the buffer spent before the draw it answered with: a long poll's wait for data
+    # and its draws of too few groups.
+    waited_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
 """The buffer service over real gRPC, with the real client."""
 
+import concurrent.futures
 import math
 import time
 import uuid
@@ -165,6 +166,9 @@ def test_token_logprobs_that_miss_their_sum_are_refused_by_name(client):
         SampleSpec(num_prompts=1, samples_per_prompt=1, recency_probability=-0.1),
         SampleSpec(num_prompts=1, samples_per_prompt=1, recency_probability=math.nan),
         SampleSpec(1, 1, 0.5, reward_temperature=-1.0),
+        SampleSpec(1, 1, 0.5, min_groups=2, wait_s=1.0),
+        SampleSpec(1, 1, 0.5, min_groups=1, wait_s=-1.0),
+        SampleSpec(1, 1, 0.5, min_groups=1, wait_s=math.nan),
     ],
 )
 def test_bad_sample_requests_are_invalid_argument(client, spec):
@@ -198,6 +202,20 @@ def test_max_age_excludes_stale_versions(client):
     batch = client.sample(SampleSpec(1, 5, 0.0, max_age_versions=1))
     assert [t.policy_version for t in batch.groups[0].trajectories] == [5, 5]
     assert batch.latest_version == 5
+
+
+def test_a_long_poll_waits_past_the_call_deadline_and_answers_when_an_add_lands(buffer_address):
+    settings = BufferClientSettings(address=buffer_address, retries=0, timeout_s=1.0)
+    with BufferClient(settings) as waiting, BufferClient(settings) as searcher:
+        (pid,) = searcher.put_prompts([Prompt("", "x")]).prompt_ids
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            poll = pool.submit(waiting.sample, SampleSpec(1, 2, 0.5, min_groups=1, wait_s=20.0))
+            time.sleep(1.5)  # past the 1 s deadline a call has without its wait
+            assert not poll.done()
+            batch = [trajectory(pid, completion=[3, k]) for k in range(2)]
+            searcher.add_trajectories(batch, searcher_id="s", request_id=new_request_id())
+            answered = poll.result(timeout=10)
+    assert len(answered.groups) == 1 and 1.4 < answered.waited_s < 10
 
 
 def test_weight_versions_only_increase(client):

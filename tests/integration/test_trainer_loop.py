@@ -4,6 +4,7 @@ a tiny model's own samples, a real file:// object store, real checkpoints."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -262,6 +263,33 @@ def test_the_loop_waits_for_data_and_gives_up_after_the_timeout(tmp_path, pool):
     never.settings = never.settings.model_copy(update={"data_timeout_s": 0.05})
     with pytest.raises(DataTimeoutError):
         never.train_step()
+
+
+class LongPolledEmptySource:
+    """A buffer that never has data and holds each Sample for its `wait_s` (a long poll)."""
+
+    def __init__(self) -> None:
+        self.specs: list[SampleSpec] = []
+
+    def sample(self, spec: SampleSpec) -> Batch:
+        self.specs.append(spec)
+        time.sleep(spec.wait_s)
+        return Batch([], latest_version=0, waited_s=spec.wait_s)
+
+
+def test_the_loop_long_polls_for_its_batch_and_does_not_sleep_between_polls(tmp_path):
+    source = LongPolledEmptySource()
+    loop = make_loop(
+        tmp_path, source, [], steps=1, min_batch_prompts=2, sample_wait_s=0.2, data_poll_s=30.0
+    )
+    loop.settings = loop.settings.model_copy(update={"data_timeout_s": 0.5})
+    began = time.monotonic()
+    with pytest.raises(DataTimeoutError):
+        loop.train_step()
+    assert time.monotonic() - began < 5.0  # a 30 s poll sleep would show
+    assert [s.min_groups for s in source.specs] == [2] * len(source.specs)
+    waits = [s.wait_s for s in source.specs]
+    assert waits[0] == 0.2 and len(waits) == 3 and 0 < waits[-1] < 0.2  # up to the timeout
 
 
 def test_loop_state_survives_a_checkpoint(tmp_path, pool):

@@ -10,7 +10,7 @@ from tba.buffer.config import BufferSettings
 from tba.buffer.memory_store import MemoryStore
 from tba.buffer.server import store_limits
 from tba.buffer.service import BufferService
-from tba.domain import AddResult, Prompt
+from tba.domain import AddResult, Prompt, SampleSpec
 from tests.fixtures.data import trajectory
 
 
@@ -52,5 +52,44 @@ def test_adds_beyond_the_slots_wait_their_turn_and_all_are_stored():
         assert store.most_held == 2
         assert [r.accepted for r in results] == [1] * 5
         assert (await service.stats()).trajectories == 5
+
+    asyncio.run(scenario())
+
+
+class HeldDrawStore(MemoryStore):
+    """Holds each Sample draw (at its recency window read) until its own event is set."""
+
+    def __init__(self, settings: BufferSettings) -> None:
+        super().__init__(store_limits(settings))
+        self.draws: list[asyncio.Event] = []
+
+    async def recent_prompt_ids(self, window: int) -> list[str]:
+        self.draws.append(asyncio.Event())
+        await self.draws[-1].wait()
+        return await super().recent_prompt_ids(window)
+
+
+def test_an_add_waits_for_the_draws_running_when_its_turn_came_and_not_for_later_ones():
+    async def scenario() -> None:
+        settings = BufferSettings()
+        store = HeldDrawStore(settings)
+        service = BufferService(store, settings)
+        await service.put_prompts([Prompt("a", "question")])
+        first = asyncio.create_task(service.sample(SampleSpec(1, 1, 0.5)))
+        await asyncio.sleep(0.01)
+        add = asyncio.create_task(
+            service.add_trajectories(
+                [trajectory("a")], request_id="r", searcher_id="s1", lease_id=""
+            )
+        )
+        await asyncio.sleep(0.01)
+        later = asyncio.create_task(service.sample(SampleSpec(1, 1, 0.5)))
+        await asyncio.sleep(0.05)
+        assert not add.done() and (await service.stats()).trajectories == 0
+        store.draws[0].set()  # the draw running when the add's turn came ends
+        assert (await asyncio.wait_for(add, 5.0)).accepted == 1
+        assert not later.done()
+        store.draws[1].set()
+        await asyncio.gather(first, later)
 
     asyncio.run(scenario())

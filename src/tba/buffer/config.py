@@ -89,6 +89,20 @@ class BufferSettings(Section):
         100_000, ge=1, description="Most prompts one PutPrompts call may carry."
     )
     max_sample_groups: int = Field(4096, ge=1, description="Largest B one Sample call may ask.")
+    max_sample_wait_s: float = Field(
+        60.0,
+        ge=0,
+        le=3600,
+        description="Longest a Sample call may ask to wait for data (its `wait_s`, a long "
+        "poll); longer asks are refused. Keep it below the clients' call deadline.",
+    )
+    sample_recheck_s: float = Field(
+        0.25,
+        gt=0,
+        le=60,
+        description="A waiting Sample draws again at least this often. Adds served by this "
+        "process wake it at once; those served by another process on the same store do not.",
+    )
     max_samples_per_prompt: int = Field(
         1024, ge=1, description="Largest K one Sample call may ask."
     )

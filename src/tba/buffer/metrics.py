@@ -20,9 +20,10 @@ HANDLING_BUCKETS_S = (
 
 class HandlingTimes:
     """Seconds the service took over each gRPC call, by method, from the decoded request to
-    the reply (`tba_buffer_rpc_handling_seconds`). What a client waits beyond it is the
-    network, gRPC's own queue and (on a shared machine) the wait for a core; other calls
-    awaiting the store in the same event loop are inside it."""
+    the reply (`tba_buffer_rpc_handling_seconds`); of a long-polled Sample, the draw it
+    answered with (its wait for data and its draws of too few groups left out).
+    What a client waits beyond it is the network, gRPC's own queue and (on a shared machine)
+    the wait for a core; other calls awaiting the store in the same event loop are inside it."""
 
     def __init__(self) -> None:
         # Its own registry: the page adds its families to each scrape's snapshot.

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tba.buffer import codec, sampling, validation
+from tba.buffer import codec, sampling, validation, waiting
 from tba.buffer.config import BufferSettings
 from tba.buffer.history import Evaluation, HistoryPoint, buffer_point
 from tba.buffer.store import BufferStore
@@ -74,6 +74,8 @@ class BufferService:
         self._adds = RateMeter(settings.rate_window_s, clock)
         self._samples = RateMeter(settings.rate_window_s, clock)
         self._add_slots = asyncio.Semaphore(settings.adds_in_flight)
+        self._fresh = waiting.FreshAdds()
+        self._draws = waiting.DrawGate()
         # The trainer's latest report since the previous history point.
         self._report: TrainerReport | None = None
         # The cap the buffer's growth was frozen at (`freeze_growth_after_step`); None: not yet.
@@ -104,8 +106,10 @@ class BufferService:
         so is a batch of another run than the registered one (`runs.check_tagged`). Each
         trajectory is stored under the request's `searcher_id` (the buffer owns that field;
         `created_at_s` is the sender's). At most `adds_in_flight` calls are worked on at
-        once; the rest wait here, before any of their work."""
+        once; the rest wait here, before any of their work, and one whose turn comes while
+        Sample draws run starts after them."""
         async with self._add_slots:
+            await self._draws.after_running_draws()
             return await self._add(request_id, searcher_id, lease_id, trajectories, run_id)
 
     async def _add(
@@ -136,14 +140,39 @@ class BufferService:
         )
         if not result.replayed:
             self._adds.add(result.accepted)
+        if result.accepted:
+            self._fresh.stored(max(t.policy_version for t in trajectories))
         return result
 
     async def sample(self, spec: SampleSpec) -> Batch:
+        """One draw of B groups; with `min_groups` and `wait_s`, a long poll: while a draw
+        holds fewer than `min_groups` groups, waits for an add of completions it could use
+        and draws again, until `wait_s` has passed (then answers the last draw). Each wait
+        lasts at most `sample_recheck_s`, since adds served by another process on the same
+        store wake nobody here."""
         validation.check_sample(spec, self.settings)
         if spec.report is not None:
             self._note_report(spec.report)
             await self._freeze_growth_when_due(spec.report.step)
         rng = np.random.default_rng(spec.seed)
+        first_began_s = draw_began_s = time.monotonic()
+        min_version = 0
+        while True:
+            # Watched from before the draw: an add landing during it wakes the wait at once.
+            with self._fresh.watch(min_version) as fresh:
+                async with self._draws.drawing():
+                    batch, min_version = await self._draw(spec, rng)
+                left_s = first_began_s + spec.wait_s - time.monotonic()
+                if len(batch.groups) >= spec.min_groups or left_s <= 0:
+                    break
+                await waiting.wait_for(fresh, min(left_s, self.settings.sample_recheck_s))
+            draw_began_s = time.monotonic()
+        await self.store.record_sampled(len(batch.groups))
+        self._samples.add(len(batch.groups))
+        return dataclasses.replace(batch, waited_s=draw_began_s - first_began_s)
+
+    async def _draw(self, spec: SampleSpec, rng: np.random.Generator) -> tuple[Batch, int]:
+        """Up to B groups by reward and recency, and the oldest policy version it allowed."""
         # One recency window for every top-up round, fetched beside the version: each round
         # trip waits behind the adds' scripts in Redis, so fewer of them in a row count.
         latest, window = await asyncio.gather(
@@ -164,9 +193,7 @@ class BufferService:
             chosen.update(fresh)
             selected.update(await self._select(fresh, spec, min_version, rng))
         groups = await self._load_groups(selected, chosen)
-        await self.store.record_sampled(len(groups))
-        self._samples.add(len(groups))
-        return Batch(groups=groups, latest_version=latest_version)
+        return Batch(groups=groups, latest_version=latest_version), min_version
 
     async def _choose_prompts(
         self,

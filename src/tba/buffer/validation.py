@@ -200,6 +200,10 @@ def check_sample(spec: SampleSpec, settings: BufferSettings) -> None:
         raise _fail(f"reward_temperature must be > 0, got {spec.reward_temperature}")
     if not 1 <= spec.min_samples_per_prompt <= spec.samples_per_prompt:
         raise _fail("min_samples_per_prompt must be in [1, samples_per_prompt]")
+    if spec.min_groups > spec.num_prompts:
+        raise _fail(f"min_groups must be at most num_prompts, got {spec.min_groups}")
+    if not 0.0 <= spec.wait_s <= settings.max_sample_wait_s:  # also rejects NaN
+        raise _fail(f"wait_s must be in [0, {settings.max_sample_wait_s:g}], got {spec.wait_s}")
 
 
 def check_weights(weights: WeightVersion) -> None:

@@ -157,8 +157,9 @@ def demo_trainer() -> TrainerSettings:
         # seeds each); a synchronous publish of the tiny model blocks about 20 ms a step.
         publish_in_background=False,
         keep_versions=3,
-        # The trainer waits on each newest round: a short poll keeps that wait near the
-        # round's own latency (0.1 s cost 0.05 s a step on average, a quarter of a step).
+        # The trainer waits on each newest round, woken by its post (the Sample long poll);
+        # against a buffer without one, a short poll keeps that wait near the round's own
+        # latency (0.1 s cost 0.05 s a step on average, a quarter of a step).
         data_poll_s=0.01,
     )
 

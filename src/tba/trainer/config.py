@@ -198,6 +198,15 @@ class TrainerSettings(Section):
     data_poll_s: float = Field(
         0.5, gt=0.0, le=600.0, description="Wait between draws while the buffer is too empty."
     )
+    sample_wait_s: float = Field(
+        1.0,
+        ge=0.0,
+        le=60.0,
+        description="Longest one Sample call waits in the buffer for `min_batch_prompts` "
+        "groups, woken by the searchers' adds (a long poll); 0: every call answers at once "
+        "and the trainer polls every `data_poll_s`, as it does with a buffer that predates "
+        "the long poll.",
+    )
     data_timeout_s: float = Field(
         0.0, ge=0.0, le=604_800.0, description="Give up after waiting this long; 0 waits on."
     )

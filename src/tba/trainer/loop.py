@@ -216,21 +216,27 @@ class TrainerLoop:
 
     def _wait_for_batch(self) -> Batch:
         started = self.clock.monotonic()
+        timeout_s = self.settings.data_timeout_s
         attempt = 0
         while True:
-            batch = self.source.sample(self._spec(attempt))
+            waited_s = self.clock.monotonic() - started
+            wait_s = self.settings.sample_wait_s
+            if timeout_s > 0:
+                wait_s = min(wait_s, max(0.0, timeout_s - waited_s))
+            batch = self.source.sample(self._spec(attempt, wait_s))
             if sum(1 for g in batch.groups if g.trajectories) >= self.settings.min_batch_prompts:
                 return batch
             waited_s = self.clock.monotonic() - started
-            if 0 < self.settings.data_timeout_s <= waited_s:
+            if 0 < timeout_s <= waited_s:
                 raise DataTimeoutError(
                     f"buffer had fewer than {self.settings.min_batch_prompts} prompt groups "
                     f"for {waited_s:.1f} s"
                 )
-            self.clock.sleep(self.settings.data_poll_s)
+            if batch.waited_s == 0:  # no long poll (or a buffer without one): poll
+                self.clock.sleep(self.settings.data_poll_s)
             attempt += 1
 
-    def _spec(self, attempt: int) -> SampleSpec:
+    def _spec(self, attempt: int, wait_s: float) -> SampleSpec:
         # Seeded by (run seed, step, attempt): a resumed run asks for the draws it would have.
         seed = np.random.SeedSequence([self.settings.seed, self.state.step, attempt])
         s = self.settings
@@ -243,6 +249,8 @@ class TrainerLoop:
             min_samples_per_prompt=s.min_samples_per_prompt,
             seed=int(seed.generate_state(1)[0]),
             report=self.report,
+            min_groups=s.min_batch_prompts,
+            wait_s=wait_s,
         )
 
     def _advance(self, beta: float) -> None:

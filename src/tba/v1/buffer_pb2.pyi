@@ -130,7 +130,7 @@ class AddTrajectoriesResponse(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., replaced_duplicates: _Optional[int] = ..., evicted: _Optional[int] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ("num_prompts", "samples_per_prompt", "recency_probability", "reward_temperature", "max_age_versions", "min_samples_per_prompt", "seed", "trainer_report")
+    __slots__ = ("num_prompts", "samples_per_prompt", "recency_probability", "reward_temperature", "max_age_versions", "min_samples_per_prompt", "seed", "trainer_report", "min_groups", "wait_s")
     NUM_PROMPTS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_PROMPT_FIELD_NUMBER: _ClassVar[int]
     RECENCY_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +139,8 @@ class SampleRequest(_message.Message):
     MIN_SAMPLES_PER_PROMPT_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     TRAINER_REPORT_FIELD_NUMBER: _ClassVar[int]
+    MIN_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
     num_prompts: int
     samples_per_prompt: int
     recency_probability: float
@@ -147,7 +149,9 @@ class SampleRequest(_message.Message):
     min_samples_per_prompt: int
     seed: int
     trainer_report: TrainerReport
-    def __init__(self, num_prompts: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., recency_probability: _Optional[float] = ..., reward_temperature: _Optional[float] = ..., max_age_versions: _Optional[int] = ..., min_samples_per_prompt: _Optional[int] = ..., seed: _Optional[int] = ..., trainer_report: _Optional[_Union[TrainerReport, _Mapping]] = ...) -> None: ...
+    min_groups: int
+    wait_s: float
+    def __init__(self, num_prompts: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., recency_probability: _Optional[float] = ..., reward_temperature: _Optional[float] = ..., max_age_versions: _Optional[int] = ..., min_samples_per_prompt: _Optional[int] = ..., seed: _Optional[int] = ..., trainer_report: _Optional[_Union[TrainerReport, _Mapping]] = ..., min_groups: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class TrainerReport(_message.Message):
     __slots__ = ("step", "loss", "kl", "log_z", "lr", "grad_norm", "step_time_s", "wait_data_s")
@@ -180,12 +184,14 @@ class PromptGroup(_message.Message):
     def __init__(self, prompt: _Optional[_Union[Prompt, _Mapping]] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., source: _Optional[_Union[SampleSource, str]] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
-    __slots__ = ("groups", "latest_version")
+    __slots__ = ("groups", "latest_version", "waited_s")
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     LATEST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WAITED_S_FIELD_NUMBER: _ClassVar[int]
     groups: _containers.RepeatedCompositeFieldContainer[PromptGroup]
     latest_version: int
-    def __init__(self, groups: _Optional[_Iterable[_Union[PromptGroup, _Mapping]]] = ..., latest_version: _Optional[int] = ...) -> None: ...
+    waited_s: float
+    def __init__(self, groups: _Optional[_Iterable[_Union[PromptGroup, _Mapping]]] = ..., latest_version: _Optional[int] = ..., waited_s: _Optional[float] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()

@@ -9,6 +9,7 @@ With `auth_token` set every call carries it as `authorization: Bearer` metadata;
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -107,7 +108,9 @@ class BufferClient:
         return proto_convert.add_result_from_pb(self._call(self._stub.AddTrajectories, request))
 
     def sample(self, spec: domain.SampleSpec) -> domain.Batch:
-        response = self._call(self._stub.Sample, proto_convert.sample_spec_to_pb(spec))
+        """A draw; with `spec.wait_s`, the call's deadline is that much longer (a long poll)."""
+        request = proto_convert.sample_spec_to_pb(spec)
+        response = self._call(self._stub.Sample, request, waits_s=spec.wait_s)
         return proto_convert.batch_from_pb(response)
 
     def stats(self) -> domain.BufferStats:
@@ -134,9 +137,12 @@ class BufferClient:
         response = self._call(self._stub.JoinRun, request)
         return proto_convert.run_from_pb(response.run) if response.registered else None
 
-    def _call(self, method: Callable[..., T], request: object) -> T:
+    def _call(self, method: Callable[..., T], request: object, waits_s: float = 0.0) -> T:
         """`method(request)`, retried while the service is unavailable; its final error as
-        the domain error of its status code."""
+        the domain error of its status code. `waits_s`: how long the service may hold the
+        call on purpose, beyond the usual deadline."""
+        # A bad wait (negative, NaN, inf) adds nothing: the service refuses it by name.
+        timeout_s = self.settings.timeout_s + (waits_s if 0 < waits_s < math.inf else 0.0)
         backoff = Backoff(
             retries=self.settings.retries,
             first_s=self.settings.retry_backoff_s,
@@ -144,7 +150,7 @@ class BufferClient:
         )
         try:
             return retry(
-                lambda: method(request, timeout=self.settings.timeout_s, metadata=self._metadata),
+                lambda: method(request, timeout=timeout_s, metadata=self._metadata),
                 backoff,
                 retry_on=_retryable,
                 on_retry=_log_retry,

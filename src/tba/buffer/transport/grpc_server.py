@@ -71,18 +71,28 @@ def _maps_errors(
                 grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}"
             )
         started_s = time.perf_counter()
+        waited_s = 0.0
         try:
-            return await method(self, request, context)
+            response = await method(self, request, context)
+            waited_s = _waited_s(response)
+            return response
         except TbaError as exc:
             refused = exc
         finally:
             if self.handling is not None:
-                self.handling.observe(method.__name__, time.perf_counter() - started_s)
+                handled_s = time.perf_counter() - started_s - waited_s
+                self.handling.observe(method.__name__, handled_s)
         # abort raises (grpc ends the call with its status), so nothing follows it. It comes
         # after the call is recorded: a client that sees the status finds it on /metrics.
         await context.abort(code_for(refused), str(refused))
 
     return wrapper
+
+
+def _waited_s(response: object) -> float:
+    """A long-polled Sample's time before the draw it answered with, which its handling time
+    leaves out."""
+    return response.waited_s if isinstance(response, pb.SampleResponse) else 0.0
 
 
 class ReplayBufferServicer(pb_grpc.ReplayBufferServicer):

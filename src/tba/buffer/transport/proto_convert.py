@@ -70,6 +70,8 @@ def sample_spec_to_pb(spec: domain.SampleSpec) -> pb.SampleRequest:
         samples_per_prompt=spec.samples_per_prompt,
         recency_probability=spec.recency_probability,
         min_samples_per_prompt=spec.min_samples_per_prompt,
+        min_groups=spec.min_groups,
+        wait_s=spec.wait_s,
     )
     if not math.isinf(spec.reward_temperature):
         msg.reward_temperature = spec.reward_temperature
@@ -96,6 +98,8 @@ def sample_spec_from_pb(msg: pb.SampleRequest) -> domain.SampleSpec:
         report=trainer_report_from_pb(msg.trainer_report)
         if msg.HasField("trainer_report")
         else None,
+        min_groups=msg.min_groups,
+        wait_s=msg.wait_s,
     )
 
 
@@ -123,6 +127,7 @@ def batch_to_pb(batch: domain.Batch) -> pb.SampleResponse:
             for g in batch.groups
         ],
         latest_version=batch.latest_version,
+        waited_s=batch.waited_s,
     )
 
 
@@ -137,6 +142,7 @@ def batch_from_pb(msg: pb.SampleResponse) -> domain.Batch:
             for g in msg.groups
         ],
         latest_version=msg.latest_version,
+        waited_s=msg.waited_s,
     )
 
 
