@@ -55,9 +55,11 @@ class LocalRun:
         import torch
         from transformers.utils import logging as transformers_logging
 
+        from tba.models.loading import quiet_progress_bars
+
         torch.set_num_threads(self.settings.local.threads_per_process)
         # Every evaluation loads a version: its progress bar and warnings would bury the log.
-        transformers_logging.disable_progress_bar()
+        quiet_progress_bars()
         transformers_logging.set_verbosity_error()
         self._clear_previous_outputs()
         with_tiny_task_models(self.settings.task, self.run_dir / "tiny")

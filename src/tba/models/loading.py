@@ -15,6 +15,14 @@ from tba.models.config import ModelSettings
 from tba.runs import RunIdentity, model_source_kind
 
 
+def quiet_progress_bars() -> None:
+    """Turns off transformers' progress bars, for a service's log: a weight version saved
+    or loaded through transformers (converted or sharded weights) prints one each time."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+
+
 def load_model(settings: ModelSettings, seed: int = 0) -> tuple[Any, Any]:
     """(tokenizer, model) in fp32 with a pad token; `tiny` is built from `seed`."""
     if settings.source == "tiny":

@@ -97,7 +97,10 @@ def run(settings: CommandSettings) -> None:
     assert isinstance(settings, SearcherRunSettings)
     import torch
 
+    from tba.models.loading import quiet_progress_bars
+
     torch.manual_seed(settings.searcher.seed)
+    quiet_progress_bars()
     # SIGTERM and Ctrl-C end the wait for a run, or let the round in progress finish (its
     # trajectories posted, its lease acknowledged); then the process exits 0.
     with stop_on_signals("stopping after the round in progress") as stop:

@@ -78,7 +78,10 @@ def run(settings: CommandSettings) -> None:
     assert isinstance(settings, TrainerRunSettings)
     import torch
 
+    from tba.models.loading import quiet_progress_bars
+
     torch.manual_seed(settings.trainer.seed)
+    quiet_progress_bars()
     try:
         loop = build_loop(settings)
     except FailedPreconditionError as exc:
