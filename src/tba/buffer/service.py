@@ -140,8 +140,8 @@ class BufferService:
         )
         if not result.replayed:
             self._adds.add(result.accepted)
-        if result.accepted:
-            self._fresh.stored(max(t.policy_version for t in trajectories))
+            if result.accepted:  # a retry's replayed result stored nothing new
+                self._fresh.stored(max(t.policy_version for t in trajectories))
         return result
 
     async def sample(self, spec: SampleSpec) -> Batch:

@@ -219,18 +219,18 @@ class TrainerLoop:
         timeout_s = self.settings.data_timeout_s
         attempt = 0
         while True:
-            waited_s = self.clock.monotonic() - started
+            elapsed_s = self.clock.monotonic() - started
             wait_s = self.settings.sample_wait_s
             if timeout_s > 0:
-                wait_s = min(wait_s, max(0.0, timeout_s - waited_s))
+                wait_s = min(wait_s, max(0.0, timeout_s - elapsed_s))
             batch = self.source.sample(self._spec(attempt, wait_s))
             if sum(1 for g in batch.groups if g.trajectories) >= self.settings.min_batch_prompts:
                 return batch
-            waited_s = self.clock.monotonic() - started
-            if 0 < timeout_s <= waited_s:
+            elapsed_s = self.clock.monotonic() - started
+            if 0 < timeout_s <= elapsed_s:
                 raise DataTimeoutError(
                     f"buffer had fewer than {self.settings.min_batch_prompts} prompt groups "
-                    f"for {waited_s:.1f} s"
+                    f"for {elapsed_s:.1f} s"
                 )
             if batch.waited_s == 0:  # no long poll (or a buffer without one): poll
                 self.clock.sleep(self.settings.data_poll_s)
