@@ -36,6 +36,7 @@ from bench.common import Row
 from tba.local.bases import DEMO_BASE, verified_base
 from tba.local.bootstrap import bootstrap_base_model
 from tba.local.config import BootstrapSettings
+from tba.models.loading import quiet_progress_bars
 from tba.tasks.arithmetic import ArithmeticTask
 
 HARD_BASES = Path(__file__).parent / "bases"
@@ -183,6 +184,7 @@ def summary_rows(results: dict[str, dict[str, Points]]) -> list[Row]:
 def run_bases(
     names: Sequence[str] | None, modes: Sequence[str], steps: int | None, out: Path | None = None
 ) -> list[Row]:
+    quiet_progress_bars()  # the bootstraps save and load through transformers
     with tempfile.TemporaryDirectory(prefix="tba-bench-local-") as tmp:
         root = out or Path(tmp)
         results: dict[str, dict[str, Points]] = {}

@@ -3,8 +3,9 @@ trainer loop (`tba.trainer.main.build_loop`, the demo's settings from
 configs/arithmetic-demo.toml: tiny model, B 16 x K 8, completions at most one version old,
 publishing every step) against N simulated searchers (`bench.simulated_searchers`: threads
 in up to 4 processes, each leasing 16 prompts, sleeping 0.5 s of generation, posting 8
-demo-sized completions per prompt over gRPC) for N = 1, 4, 16, 64 (--quick: 1 and 16, fewer
-steps). A fresh Redis, buffer and run per N.
+demo-sized completions per prompt over gRPC) for N = 1, 4, 16, 64, 200 trainer steps each
+(--quick: 1 and 16, 10 steps; `python -m bench.bench_scale --counts 1,64 --steps 100` runs a
+part). A fresh Redis, buffer and run per N.
 
 Per N: the trainer's wait for data per step (the first step, which waits for the searchers
 to start, left out), the ingest rate the searchers were acknowledged (beside the nominal
@@ -23,11 +24,13 @@ the largest N within 3x of that at N = 1.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import math
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +62,10 @@ NAME = "scale"
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "arithmetic-demo.toml"
 PROMPTS = 2048  # twice what 64 searchers lease at once
 SAMPLE_P99_RATIO = 3.0
+COUNTS = (1, 4, 16, 64)
+# Trainer steps per N, a Sample call each: a p99 of 40 calls was their slowest one.
+STEPS = 200
+QUICK_STEPS = 10
 PHASES = ("wait_data", "compute", "publish", "checkpoint")  # a step's timed phases
 
 
@@ -262,11 +269,16 @@ def measure(searchers: int, steps: int, root: Path) -> ScaleResult:
 
 
 def run(quick: bool = False) -> list[Row]:
+    if quick:
+        return run_counts((1, 16), QUICK_STEPS)
+    return run_counts(COUNTS, STEPS)
+
+
+def run_counts(counts: Sequence[int], steps: int) -> list[Row]:
     import torch
 
     # One thread: the buffer, Redis and the searcher processes need the other core.
     torch.set_num_threads(1)
-    counts, steps = ((1, 16), 10) if quick else ((1, 4, 16, 64), 40)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in counts:
@@ -341,3 +353,17 @@ def _p99_row(n: str, r: ScaleResult, first: ScaleResult, last: bool) -> Row:
         target=f"<= {SAMPLE_P99_RATIO:g}x N={first.searchers}" if last else "",
         passed=ratio <= SAMPLE_P99_RATIO if last else None,
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--counts", default=",".join(map(str, COUNTS)), help="searcher counts N")
+    parser.add_argument("--steps", type=int, default=STEPS, help="trainer steps per N")
+    args = parser.parse_args()
+    from bench.__main__ import print_table
+
+    print_table(run_counts([int(n) for n in args.counts.split(",")], args.steps))
+
+
+if __name__ == "__main__":
+    main()
