@@ -8,24 +8,24 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 from packaging.requirements import Requirement
 
 from tests.fixtures.buffer_service import BufferProcess
 from tests.fixtures.deploy_settings import run_tool
-from tests.fixtures.redis_server import free_port
-from tests.fixtures.seaweedfs import weed_binary
+from tests.fixtures.seaweedfs import SeaweedServer, weed_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTHCHECK = ROOT / "services/buffer/healthcheck.py"
 CREATE_BUCKET = ROOT / "deploy/compose/create-bucket.sh"
+SCRIPT_TIMEOUT_S = 240
 FORBIDDEN_IN_BUFFER = {"torch", "transformers", "vllm", "deepspeed", "nvidia-cudnn-cu12"}
 
 
@@ -47,41 +47,44 @@ def test_buffer_healthcheck_takes_the_port_from_the_settings_variable(
 
 
 @pytest.fixture
-def seaweed_master(tmp_path: Path) -> Iterator[str]:
-    """A bare SeaweedFS (master, volume, filer: what `weed shell` needs) on free ports; the
-    session's S3 fixture does not expose its master, which the script talks to."""
-    # Explicit gRPC ports too: the defaults (HTTP port + 10000) can fall outside the range.
-    flags = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc")
-    flags += ("filer.port", "filer.port.grpc")
-    ports = {flag: free_port() for flag in flags}
-    cmd = [weed_binary(), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={tmp_path}"]
-    cmd += ["-filer", "-volume.max=0", *(f"-{flag}={port}" for flag, port in ports.items())]
-    with (tmp_path / "weed.log").open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+def seaweed_store(tmp_path: Path) -> Iterator[SeaweedServer]:
+    """A SeaweedFS on free ports, not started yet; killed at the end."""
+    store = SeaweedServer(tmp_path)
     try:
-        # host:port.grpc_port, how `weed shell` is told a gRPC port that is not port + 10000.
-        yield f"127.0.0.1:{ports['master.port']}.{ports['master.port.grpc']}"
+        yield store
     finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        store.kill()
 
 
-def _bucket_script(master: str, bucket: str) -> subprocess.CompletedProcess[str]:
+def _bucket_script(master: str, bucket: str) -> subprocess.Popen[str]:
     weed_dir = str(Path(weed_binary()).parent)
     env = {"PATH": f"{weed_dir}:{os.environ['PATH']}", "SEAWEED_MASTER": master, "BUCKET": bucket}
-    return run_tool(["sh", str(CREATE_BUCKET)], env=env)
-
-
-def test_create_bucket_script_waits_for_the_store_and_is_idempotent(seaweed_master: str) -> None:
-    first = _bucket_script(seaweed_master, "tba-weights")
-    assert first.returncode == 0, first.stdout + first.stderr
-    assert "created bucket tba-weights" in first.stdout
-    again = _bucket_script(seaweed_master, "tba-weights")
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert "bucket tba-weights exists" in again.stdout
-    listing = run_tool(
-        [weed_binary(), "shell", f"-master={seaweed_master}"], input="s3.bucket.list\n"
+    return subprocess.Popen(
+        ["sh", str(CREATE_BUCKET)], env=env, text=True, stdout=PIPE, stderr=PIPE
     )
+
+
+def _finished(script: subprocess.Popen[str]) -> str:
+    """The script's output once it exits 0; it gives up on its own after 15 tries of ~12 s."""
+    try:
+        out, err = script.communicate(timeout=SCRIPT_TIMEOUT_S)
+    finally:
+        script.kill()
+    assert script.returncode == 0, out + err
+    return out
+
+
+def test_create_bucket_script_waits_for_the_store_and_is_idempotent(
+    seaweed_store: SeaweedServer,
+) -> None:
+    ports = seaweed_store.ports
+    # host:port.grpc_port, how `weed shell` is told a gRPC port that is not port + 10000.
+    master = f"127.0.0.1:{ports['master.port']}.{ports['master.port.grpc']}"
+    first = _bucket_script(master, "tba-weights")  # before the store: it must wait
+    seaweed_store.start()
+    assert "created bucket tba-weights" in _finished(first)
+    assert "bucket tba-weights exists" in _finished(_bucket_script(master, "tba-weights"))
+    listing = run_tool([weed_binary(), "shell", f"-master={master}"], input="s3.bucket.list\n")
     assert "tba-weights" in listing.stdout
 
 
