@@ -218,6 +218,25 @@ def test_a_long_poll_waits_past_the_call_deadline_and_answers_when_an_add_lands(
     assert len(answered.groups) == 1 and 1.4 < answered.waited_s < 10
 
 
+def test_a_weights_long_poll_waits_past_the_call_deadline_and_answers_when_announced(
+    buffer_address,
+):
+    settings = BufferClientSettings(address=buffer_address, retries=0, timeout_s=1.0)
+    with BufferClient(settings) as searcher, BufferClient(settings) as trainer:
+        trainer.announce_weights(WeightVersion(1, "file:///w/1", SHA, 2, time.time()))
+        assert searcher.latest_weights(0, 20.0).version == 1  # newer than 0: at once
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            poll = pool.submit(searcher.latest_weights, 1, 20.0)
+            time.sleep(1.5)  # past the 1 s deadline a call has without its wait
+            assert not poll.done()
+            trainer.announce_weights(WeightVersion(2, "file:///w/2", SHA, 4, time.time()))
+            latest = poll.result(timeout=10)
+        assert latest is not None and latest.version == 2
+        for newer_than, wait_s in ((0, -1.0), (0, math.nan), (2**60, 1.0)):
+            with pytest.raises(InvalidArgumentError, match=r"newer_than|wait_s"):
+                searcher.latest_weights(newer_than, wait_s)
+
+
 def test_weight_versions_only_increase(client):
     assert client.latest_weights() is None
     client.announce_weights(WeightVersion(1, "file:///w/1", SHA, 2, time.time()))

@@ -12,7 +12,7 @@ from tba.buffer.config import BufferSettings
 from tba.buffer.memory_store import MemoryStore
 from tba.buffer.server import store_limits
 from tba.buffer.service import BufferService
-from tba.buffer.waiting import FreshAdds
+from tba.buffer.waiting import VersionWatch
 from tba.domain import Prompt, SampleSpec, WeightVersion
 from tba.errors import InvalidArgumentError
 from tests.fixtures.data import trajectory
@@ -107,11 +107,11 @@ def test_bad_long_polls_are_refused(min_groups, wait_s):
 
 def test_an_add_wakes_only_the_waiters_whose_versions_it_reaches():
     async def scenario() -> None:
-        fresh = FreshAdds()
+        fresh = VersionWatch()
         with fresh.watch(4) as new_enough, fresh.watch(2) as older_ok:
-            fresh.stored(3)
+            fresh.reached(3)
             assert older_ok.is_set() and not new_enough.is_set()
-            fresh.stored(4)
+            fresh.reached(4)
             assert new_enough.is_set()
 
     asyncio.run(scenario())

@@ -303,16 +303,72 @@ def test_min_version_waits_until_that_version_is_loaded(tmp_path):
         return published if len(calls) > 3 else None
 
     buffer = RecordingBuffer(PROMPTS)
-    loop = make_loop(tmp_path, buffer, latest=latest, min_version=1)
+    loop = make_loop(tmp_path, buffer, latest=latest, min_version=1, announce_wait_s=0)
     values = loop.round()
-    # The fourth read starts the download, the wait ends once it is ready, the fifth check
-    # swaps it in.
+    # Polling: the fourth read starts the download, the wait ends once it is ready, the
+    # fifth check swaps it in.
     assert len(calls) == 5
     assert values is not None and values["searcher/version"] == 1
     assert values["searcher/reloads"] == 1
     assert values["searcher/fetch_s"] > 0 and values["searcher/swap_s"] >= 0
     assert values["searcher/reload_s"] >= values["searcher/fetch_s"]
     assert {t.policy_version for t in buffer.posted()} == {1}
+
+
+class AnnouncingBuffer:
+    """GetLatestWeights of a buffer: version 1 once `announce` is called; a long poll waits
+    for it (`long_poll`), an older buffer answers at once. Records each call's arguments."""
+
+    def __init__(self, published: Any, long_poll: bool) -> None:
+        self.published = published
+        self.long_poll = long_poll
+        self.announced = threading.Event()
+        self.calls: list[tuple[int, float]] = []
+
+    def latest(self, newer_than: int = 0, wait_s: float = 0.0) -> Any:
+        self.calls.append((newer_than, wait_s))
+        if self.long_poll and wait_s > 0:
+            self.announced.wait(wait_s)
+        return self.published if self.announced.is_set() else None
+
+
+def test_a_searcher_waiting_for_a_version_learns_of_it_from_a_long_poll(tmp_path):
+    tokenizer, model = load_model(MODEL, 1)
+    published = publish_weights(FileStore(f"file://{tmp_path / 'store'}"), 1, 2, model, tokenizer)
+    weights = AnnouncingBuffer(published, long_poll=True)
+    # A poll would first wait the minute of idle_poll_s: the long poll learns of it at once.
+    loop = make_loop(
+        tmp_path,
+        RecordingBuffer(PROMPTS),
+        latest=weights.latest,
+        min_version=1,
+        idle_poll_s=60.0,
+        announce_wait_s=30.0,
+    )
+    threading.Timer(0.2, weights.announced.set).start()
+    values = loop.round()
+    assert values is not None and values["searcher/version"] == 1
+    assert weights.calls[:2] == [(0, 0.0), (0, 30.0)]  # the check, then the long poll
+
+
+def test_against_a_buffer_without_the_long_poll_a_waiting_searcher_polls(tmp_path):
+    tokenizer, model = load_model(MODEL, 1)
+    published = publish_weights(FileStore(f"file://{tmp_path / 'store'}"), 1, 2, model, tokenizer)
+    weights = AnnouncingBuffer(published, long_poll=False)
+    loop = make_loop(
+        tmp_path,
+        RecordingBuffer(PROMPTS),
+        latest=weights.latest,
+        min_version=1,
+        idle_poll_s=0.05,
+        announce_wait_s=30.0,
+    )
+    threading.Timer(0.5, weights.announced.set).start()
+    values = loop.round()
+    assert values is not None and values["searcher/version"] == 1
+    # Two calls per idle_poll_s while waiting (a long poll answered at once, then a check),
+    # not a loop without pause.
+    assert (0, 30.0) in weights.calls and len(weights.calls) < 2 * 0.5 / 0.05 + 10
 
 
 def test_a_round_generates_with_the_old_weights_while_the_new_ones_download(tmp_path):
@@ -338,7 +394,7 @@ def test_stopping_while_waiting_for_min_version_ends_the_round(tmp_path):
     buffer = RecordingBuffer(PROMPTS)
     loops: list[SearcherLoop] = []
 
-    def latest():
+    def latest(*_: object) -> None:
         loops[0].stop.set()
 
     loops.append(make_loop(tmp_path, buffer, latest=latest, min_version=1))
@@ -360,7 +416,7 @@ def test_sync_generates_one_round_per_version_after_posting_the_last(tmp_path):
     versions = publish_two_versions(tmp_path)
     buffer = RecordingBuffer(PROMPTS)
 
-    def latest():
+    def latest(*_: object) -> Any:  # a buffer without the long poll: answers at once
         # As a trainer does: the next version only once the searcher's round is in.
         return versions[min(len(buffer.adds), 1)]
 
@@ -376,7 +432,7 @@ def test_one_round_per_version_overlaps_the_finish_when_the_next_version_is_out(
     versions = publish_two_versions(tmp_path)
     buffer = RecordingBuffer(PROMPTS)
 
-    def latest():
+    def latest(*_: object) -> Any:
         # As an asynchronous trainer does: version 2 comes from training on an older round.
         return versions[min(len(trace.posted_at_generate), 1)]
 

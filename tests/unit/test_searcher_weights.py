@@ -35,9 +35,11 @@ class Announcements:
     def __init__(self, *versions: WeightVersion | None) -> None:
         self.versions = list(versions)
         self.reads = 0
+        self.asked: list[tuple[int, float]] = []
 
-    def __call__(self) -> WeightVersion | None:
+    def __call__(self, newer_than: int = 0, wait_s: float = 0.0) -> WeightVersion | None:
         self.reads += 1
+        self.asked.append((newer_than, wait_s))
         return self.versions.pop(0) if len(self.versions) > 1 else self.versions[0]
 
 
@@ -129,6 +131,31 @@ def test_a_newer_version_is_fetched_in_the_background_and_swapped_in_by_a_check(
     assert (tmp_path / "weights" / "v1" / "model.safetensors").is_file()
     assert sample(engine) != before
     assert sync.check() is None and not sync.wait_fetch(0)  # already loaded
+
+
+def test_waiting_for_an_announcement_asks_for_a_version_newer_than_any_seen_and_fetches_it(
+    store, engine, sync_for
+):
+    first, second = publish(store, 1, seed=1), publish(store, 2, seed=2)
+    announced = Announcements(first, first, first, second)
+    sync = sync_for(store, announced)
+    sync.check()
+    assert settled(sync).version == 1 and announced.asked == [(0, 0.0), (0, 0.0)]
+    assert not sync.wait_announce(5.0)  # version 1 again: nothing newer, nothing fetched
+    assert announced.asked[-1] == (1, 5.0) and not sync.wait_fetch(0)
+    assert sync.wait_announce(5.0) and announced.asked[-1] == (1, 5.0)
+    assert settled(sync).version == 2 and engine.version == 2
+
+
+def test_waiting_for_an_announcement_with_a_fetch_in_flight_asks_nothing(held, sync_for):
+    announced = Announcements(publish(held, 1, seed=1))
+    sync = sync_for(held, announced)
+    sync.check()
+    assert held.downloading.wait(WAIT_S)
+    reads = announced.reads
+    assert not sync.wait_announce(5.0) and announced.reads == reads
+    held.released.set()
+    assert settled(sync).version == 1
 
 
 def test_the_engine_generates_while_a_download_is_held(held, engine, sync_for):

@@ -100,8 +100,17 @@ class BufferSettings(Section):
         0.25,
         gt=0,
         le=60,
-        description="A waiting Sample draws again at least this often. Adds served by this "
-        "process wake it at once; those served by another process on the same store do not.",
+        description="A waiting Sample draws again, and a waiting GetLatestWeights reads the "
+        "latest version again, at least this often. Adds and announcements served by this "
+        "process wake them at once; those served by another process on the same store do not.",
+    )
+    max_weights_wait_s: float = Field(
+        60.0,
+        ge=0,
+        le=3600,
+        description="Longest a GetLatestWeights call may ask to wait for a newer version (its "
+        "`wait_s`, a long poll); longer asks are refused. Keep it below the clients' call "
+        "deadline.",
     )
     max_samples_per_prompt: int = Field(
         1024, ge=1, description="Largest K one Sample call may ask."

@@ -74,7 +74,8 @@ class BufferService:
         self._adds = RateMeter(settings.rate_window_s, clock)
         self._samples = RateMeter(settings.rate_window_s, clock)
         self._add_slots = asyncio.Semaphore(settings.adds_in_flight)
-        self._fresh = waiting.FreshAdds()
+        self._fresh = waiting.VersionWatch()
+        self._announced = waiting.VersionWatch()
         self._draws = waiting.DrawGate()
         # The trainer's latest report since the previous history point.
         self._report: TrainerReport | None = None
@@ -141,7 +142,7 @@ class BufferService:
         if not result.replayed:
             self._adds.add(result.accepted)
             if result.accepted:  # a retry's replayed result stored nothing new
-                self._fresh.stored(max(t.policy_version for t in trajectories))
+                self._fresh.reached(max(t.policy_version for t in trajectories))
         return result
 
     async def sample(self, spec: SampleSpec) -> Batch:
@@ -330,9 +331,28 @@ class BufferService:
     async def announce_weights(self, weights: WeightVersion) -> None:
         validation.check_weights(weights)
         await self.store.announce_weights(weights)
+        self._announced.reached(weights.version)
 
     async def latest_weights(self) -> WeightVersion | None:
         return await self.store.latest_weights()
+
+    async def newer_weights(
+        self, newer_than: int, wait_s: float
+    ) -> tuple[WeightVersion | None, float]:
+        """The latest announced version, and the seconds waited before the read it answers
+        with; a long poll: while that version is not newer than `newer_than`, waits for an
+        announcement, until `wait_s` has passed. Each wait lasts at most `sample_recheck_s`,
+        since announcements another process on the same store served wake nobody here."""
+        validation.check_weights_wait(newer_than, wait_s, self.settings)
+        first_read_s = read_s = time.monotonic()
+        while True:
+            with self._announced.watch(newer_than + 1) as announced:
+                latest = await self.store.latest_weights()
+                left_s = first_read_s + wait_s - time.monotonic()
+                if (latest is not None and latest.version > newer_than) or left_s <= 0:
+                    return latest, read_s - first_read_s
+                await waiting.wait_for(announced, min(left_s, self.settings.sample_recheck_s))
+            read_s = time.monotonic()
 
     async def register_run(self, run: Run) -> Run:
         """Registers the trainer's run, or accepts it again when the buffer holds it (a

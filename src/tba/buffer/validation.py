@@ -206,6 +206,12 @@ def check_sample(spec: SampleSpec, settings: BufferSettings) -> None:
         raise _fail(f"wait_s must be in [0, {settings.max_sample_wait_s:g}], got {spec.wait_s}")
 
 
+def check_weights_wait(newer_than: int, wait_s: float, settings: BufferSettings) -> None:
+    check_bounded(newer_than, "newer_than", 0, MAX_VERSION)
+    if not 0.0 <= wait_s <= settings.max_weights_wait_s:  # also rejects NaN
+        raise _fail(f"wait_s must be in [0, {settings.max_weights_wait_s:g}], got {wait_s}")
+
+
 def check_weights(weights: WeightVersion) -> None:
     check_bounded(weights.version, "weights.version", 1, MAX_VERSION)
     check_bounded(weights.step, "weights.step", 0, MAX_VERSION)

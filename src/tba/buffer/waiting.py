@@ -1,6 +1,7 @@
-"""Sample calls that wait in the buffer for data (a long poll), woken by the adds they could
-use instead of the trainer polling: each poll is a full draw, and at many searchers its round
-trips to the store queue behind the adds' scripts."""
+"""Calls that wait in the buffer (a long poll) instead of their clients polling: a Sample for
+data, woken by the adds it could use (each poll would be a full draw, whose round trips to the
+store queue behind the adds' scripts), and a GetLatestWeights for a newer version, woken by
+its announcement (a searcher waiting for the trainer's next version learns of it at once)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,17 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 
 
-class FreshAdds:
-    """Wakes waiters when this process stores completions they could sample: a waiter names
-    the oldest policy version it accepts, an add the newest version it stored. Adds served by
-    another process on the same store wake nobody here, so each wait is also bounded."""
+class VersionWatch:
+    """Wakes waiters when this process sees a version they wait for: a waiter names the oldest
+    version it accepts; `reached` is told the newest version an add stored (completions of
+    that policy version), or one announced. Versions another process on the same store served
+    wake nobody here, so each wait is also bounded."""
 
     def __init__(self) -> None:
         self._waiters: dict[asyncio.Event, int] = {}
 
-    def stored(self, newest_version: int) -> None:
-        """An add stored completions of policy versions up to `newest_version`."""
+    def reached(self, newest_version: int) -> None:
+        """This process stored or announced versions up to `newest_version`."""
         for event, min_version in list(self._waiters.items()):
             if newest_version >= min_version:
                 event.set()
@@ -26,8 +28,9 @@ class FreshAdds:
 
     @contextmanager
     def watch(self, min_version: int) -> Iterator[asyncio.Event]:
-        """An event set by the first add of `min_version` or newer while the block runs:
-        entered before a draw, so an add that lands during the draw is not missed."""
+        """An event set by the first version of `min_version` or newer reached while the
+        block runs: entered before reading the store, so one reached meanwhile is not
+        missed."""
         event = asyncio.Event()
         self._waiters[event] = min_version
         try:

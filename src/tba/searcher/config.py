@@ -143,6 +143,15 @@ class SearcherSettings(WandbSettings):
     idle_poll_s: float = Field(
         1.0, gt=0.0, le=600.0, description="Wait before leasing again when no prompt is free."
     )
+    announce_wait_s: float = Field(
+        1.0,
+        ge=0.0,
+        le=60.0,
+        description="While waiting for a weight version (`min_version`, "
+        "`one_round_per_version`), the longest one GetLatestWeights call may wait in the "
+        "buffer for the next announcement (a long poll: the searcher learns of it at once); "
+        "also how late a stop request may be seen. 0: poll every `idle_poll_s` instead.",
+    )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Base seed of sampling.")
     metrics_port: int | None = Field(
         None, ge=0, le=65_535, description="Serve Prometheus /metrics on this port; unset off."

@@ -75,6 +75,11 @@ class WeightChecker(Protocol):
         """Waits up to `timeout_s` for the fetch in flight; whether there was one."""
         ...
 
+    def wait_announce(self, timeout_s: float) -> bool:
+        """With no fetch in flight, waits up to `timeout_s` for a newer version to be
+        announced and starts fetching it; whether one was."""
+        ...
+
 
 @dataclass
 class SearcherLoop:
@@ -187,11 +192,16 @@ class SearcherLoop:
         if self.engine.version < required:
             log.info("waiting for weight version %d (have %d)", required, self.engine.version)
         while self.engine.version < required and not self.stop.is_set():
-            # A fetch in flight ends the wait once it is ready; with none, poll the buffer.
-            if not self.weights.wait_fetch(self.settings.idle_poll_s):
+            # A fetch in flight ends the wait once it is ready; with none, the buffer answers
+            # when the next version is announced (an older buffer at once: then poll).
+            if not self.weights.wait_fetch(self.settings.idle_poll_s) and not self._announced():
                 self.stop.wait(self.settings.idle_poll_s)
             swaps.append(self.weights.check())
         return tuple(swap for swap in swaps if swap is not None)
+
+    def _announced(self) -> bool:
+        wait_s = self.settings.announce_wait_s
+        return wait_s > 0 and self.weights.wait_announce(wait_s)
 
     def _required_version(self) -> int:
         required = self.settings.min_version

@@ -36,6 +36,13 @@ log = logging.getLogger(__name__)
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 
 
+class LatestWeights(Protocol):
+    def __call__(self, newer_than: int = 0, wait_s: float = 0.0) -> WeightVersion | None:
+        """The latest announced version; with `wait_s`, once one newer than `newer_than` is
+        announced or `wait_s` has passed."""
+        ...
+
+
 class ReloadableEngine(Protocol):
     @property
     def version(self) -> int: ...
@@ -75,7 +82,7 @@ class _InFlight:
 class WeightSync:
     def __init__(
         self,
-        latest: Callable[[], WeightVersion | None],
+        latest: LatestWeights,
         store: ObjectStore,
         engine: ReloadableEngine,
         weights_dir: Path,
@@ -116,6 +123,17 @@ class WeightSync:
         wait([self._in_flight.future], timeout=timeout_s)
         return True
 
+    def wait_announce(self, timeout_s: float) -> bool:
+        """With no fetch in flight: blocks until a version newer than any seen is announced,
+        for at most `timeout_s` (the buffer holds the call), and starts fetching it; whether
+        one was. A failed version is fetched again by the check after this wait."""
+        if self._in_flight is not None:
+            return False
+        seen = self.latest_version
+        announced = self.latest(seen, timeout_s)
+        self._fetch_newer(announced, retry_later=None)
+        return announced is not None and announced.version > seen
+
     def catch_up(self) -> None:
         """At start: fetches the newest announced version and swaps it in, waiting for the
         download (a failure is logged and retried by the next check)."""
@@ -152,7 +170,9 @@ class WeightSync:
         return None, version
 
     def _start_fetch(self, retry_later: int | None) -> None:
-        announced = self.latest()
+        self._fetch_newer(self.latest(), retry_later)
+
+    def _fetch_newer(self, announced: WeightVersion | None, retry_later: int | None) -> None:
         if announced is None:
             return
         self.latest_version = max(self.latest_version, announced.version)

@@ -276,16 +276,22 @@ class AnnounceWeightsResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class GetLatestWeightsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("newer_than", "wait_s")
+    NEWER_THAN_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    newer_than: int
+    wait_s: float
+    def __init__(self, newer_than: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class GetLatestWeightsResponse(_message.Message):
-    __slots__ = ("available", "weights")
+    __slots__ = ("available", "weights", "waited_s")
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    WAITED_S_FIELD_NUMBER: _ClassVar[int]
     available: bool
     weights: WeightVersion
-    def __init__(self, available: _Optional[bool] = ..., weights: _Optional[_Union[WeightVersion, _Mapping]] = ...) -> None: ...
+    waited_s: float
+    def __init__(self, available: _Optional[bool] = ..., weights: _Optional[_Union[WeightVersion, _Mapping]] = ..., waited_s: _Optional[float] = ...) -> None: ...
 
 class RunIdentity(_message.Message):
     __slots__ = ("model_source", "model_revision", "tokenizer_sha256", "task_name", "prompt_template_sha256", "temperature", "max_new_tokens", "temperature_low", "temperature_high", "temperature_draw_fraction")

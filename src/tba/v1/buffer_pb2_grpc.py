@@ -130,7 +130,8 @@ class ReplayBufferServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetLatestWeights(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The latest announced version; with `wait_s`, once one newer than `newer_than` is.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

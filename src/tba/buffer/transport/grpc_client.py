@@ -120,8 +120,15 @@ class BufferClient:
         request = pb.AnnounceWeightsRequest(weights=proto_convert.weights_to_pb(weights))
         self._call(self._stub.AnnounceWeights, request)
 
-    def latest_weights(self) -> domain.WeightVersion | None:
-        response = self._call(self._stub.GetLatestWeights, pb.GetLatestWeightsRequest())
+    def latest_weights(
+        self, newer_than: int = 0, wait_s: float = 0.0
+    ) -> domain.WeightVersion | None:
+        """The latest announced version (None before the first); with `wait_s`, a long poll:
+        the buffer answers once a version newer than `newer_than` is announced, or after
+        `wait_s` (a buffer older than the long poll answers at once), and the call's deadline
+        is that much longer."""
+        request = pb.GetLatestWeightsRequest(newer_than=newer_than, wait_s=wait_s)
+        response = self._call(self._stub.GetLatestWeights, request, waits_s=wait_s)
         return proto_convert.weights_from_pb(response.weights) if response.available else None
 
     def register_run(self, run: runs.Run) -> runs.Run:

@@ -90,9 +90,10 @@ def _maps_errors(
 
 
 def _waited_s(response: object) -> float:
-    """A long-polled Sample's time before the draw it answered with, which its handling time
-    leaves out."""
-    return response.waited_s if isinstance(response, pb.SampleResponse) else 0.0
+    """A long poll's time before the read it answered with, which its handling time leaves
+    out."""
+    long_polls = (pb.SampleResponse, pb.GetLatestWeightsResponse)
+    return response.waited_s if isinstance(response, long_polls) else 0.0
 
 
 class ReplayBufferServicer(pb_grpc.ReplayBufferServicer):
@@ -141,11 +142,11 @@ class ReplayBufferServicer(pb_grpc.ReplayBufferServicer):
 
     @_maps_errors
     async def GetLatestWeights(self, request: Any, context: Any) -> pb.GetLatestWeightsResponse:
-        latest = await self._service.latest_weights()
+        latest, waited_s = await self._service.newer_weights(request.newer_than, request.wait_s)
         if latest is None:
-            return pb.GetLatestWeightsResponse(available=False)
+            return pb.GetLatestWeightsResponse(available=False, waited_s=waited_s)
         return pb.GetLatestWeightsResponse(
-            available=True, weights=proto_convert.weights_to_pb(latest)
+            available=True, weights=proto_convert.weights_to_pb(latest), waited_s=waited_s
         )
 
     @_maps_errors
