@@ -16,8 +16,8 @@ def test_demo_learns_arithmetic(tmp_path, demo_base_model):
     assert 0.2 <= base <= 0.5, "the base leaves room for RL"
     assert len(points) >= 4, "versions were evaluated while the run went"
     # From the committed base (0.44) with this schedule, RL seeds 1, 2 and 3 (trainer and
-    # searcher): best late 0.734 / 0.746 / 0.746, final 0.734 / 0.736 / 0.738 at step 500;
-    # single evaluations swing by up to 0.1 between versions.
+    # searcher): best late 0.708 / 0.764 / 0.708, final 0.704 / 0.764 / 0.708 at step 500
+    # (earlier sessions: 0.71-0.75); single evaluations swing by up to 0.1 between versions.
     late = [p["accuracy"] for p in points[len(points) // 2 :]]
     assert max(late) >= base + 0.2, points
     assert points[-1]["accuracy"] >= base + 0.1, points

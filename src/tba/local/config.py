@@ -177,6 +177,10 @@ def demo_searcher() -> SearcherSettings:
         # per version ran 30% more trainer steps a second on 2 cores.
         one_round_per_version=True,
         idle_poll_s=0.01,
+        # A round's 128 completions in one reference pass: this tiny model's forward costs
+        # per call more than per token; in the demo four passes of 32 took 1.3x one of 128,
+        # and the trainer ran 8-15% more steps a second (docs/benchmarks.md).
+        reference_batch_size=128,
     )
 
 
