@@ -316,8 +316,8 @@ def test_min_version_waits_until_that_version_is_loaded(tmp_path):
 
 
 class AnnouncingBuffer:
-    """GetLatestWeights of a buffer: version 1 once `announce` is called; a long poll waits
-    for it (`long_poll`), an older buffer answers at once. Records each call's arguments."""
+    """GetLatestWeights of a buffer: version 1 once `announced` is set; a long poll waits for
+    it (`long_poll`), an older buffer answers at once. Records each call's arguments."""
 
     def __init__(self, published: Any, long_poll: bool) -> None:
         self.published = published
@@ -332,39 +332,34 @@ class AnnouncingBuffer:
         return self.published if self.announced.is_set() else None
 
 
-def test_a_searcher_waiting_for_a_version_learns_of_it_from_a_long_poll(tmp_path):
+def round_after_announcement(
+    tmp_path: Path, long_poll: bool, idle_poll_s: float, announced_after_s: float
+) -> tuple[dict[str, float] | None, AnnouncingBuffer]:
+    """One round of a loop waiting for version 1, announced `announced_after_s` into it."""
     tokenizer, model = load_model(MODEL, 1)
     published = publish_weights(FileStore(f"file://{tmp_path / 'store'}"), 1, 2, model, tokenizer)
-    weights = AnnouncingBuffer(published, long_poll=True)
-    # A poll would first wait the minute of idle_poll_s: the long poll learns of it at once.
+    weights = AnnouncingBuffer(published, long_poll)
     loop = make_loop(
         tmp_path,
         RecordingBuffer(PROMPTS),
         latest=weights.latest,
         min_version=1,
-        idle_poll_s=60.0,
+        idle_poll_s=idle_poll_s,
         announce_wait_s=30.0,
     )
-    threading.Timer(0.2, weights.announced.set).start()
-    values = loop.round()
+    threading.Timer(announced_after_s, weights.announced.set).start()
+    return loop.round(), weights
+
+
+def test_a_searcher_waiting_for_a_version_learns_of_it_from_a_long_poll(tmp_path):
+    # A poll would first wait the minute of idle_poll_s: the long poll learns of it at once.
+    values, weights = round_after_announcement(tmp_path, True, 60.0, announced_after_s=0.2)
     assert values is not None and values["searcher/version"] == 1
     assert weights.calls[:2] == [(0, 0.0), (0, 30.0)]  # the check, then the long poll
 
 
 def test_against_a_buffer_without_the_long_poll_a_waiting_searcher_polls(tmp_path):
-    tokenizer, model = load_model(MODEL, 1)
-    published = publish_weights(FileStore(f"file://{tmp_path / 'store'}"), 1, 2, model, tokenizer)
-    weights = AnnouncingBuffer(published, long_poll=False)
-    loop = make_loop(
-        tmp_path,
-        RecordingBuffer(PROMPTS),
-        latest=weights.latest,
-        min_version=1,
-        idle_poll_s=0.05,
-        announce_wait_s=30.0,
-    )
-    threading.Timer(0.5, weights.announced.set).start()
-    values = loop.round()
+    values, weights = round_after_announcement(tmp_path, False, 0.05, announced_after_s=0.5)
     assert values is not None and values["searcher/version"] == 1
     # Two calls per idle_poll_s while waiting (a long poll answered at once, then a check),
     # not a loop without pause.
