@@ -126,7 +126,7 @@ class WeightSync:
     def wait_announce(self, timeout_s: float) -> bool:
         """With no fetch in flight: blocks until a version newer than any seen is announced,
         for at most `timeout_s` (the buffer holds the call), and starts fetching it; whether
-        one was. A failed version is fetched again by the check after this wait."""
+        one was. A version whose fetch failed is fetched again once this wait ends."""
         if self._in_flight is not None:
             return False
         seen = self.latest_version
