@@ -156,21 +156,17 @@ class BufferService:
             self._note_report(spec.report)
             await self._freeze_growth_when_due(spec.report.step)
         rng = np.random.default_rng(spec.seed)
-        first_began_s = draw_began_s = time.monotonic()
-        min_version = 0
-        while True:
-            # Watched from before the draw: an add landing during it wakes the wait at once.
-            with self._fresh.watch(min_version) as fresh:
-                async with self._draws.drawing():
-                    batch, min_version = await self._draw(spec, rng)
-                left_s = first_began_s + spec.wait_s - time.monotonic()
-                if len(batch.groups) >= spec.min_groups or left_s <= 0:
-                    break
-                await waiting.wait_for(fresh, min(left_s, self.settings.sample_recheck_s))
-            draw_began_s = time.monotonic()
+
+        async def draw() -> tuple[Batch, bool, int]:
+            async with self._draws.drawing():
+                batch, min_version = await self._draw(spec, rng)
+            return batch, len(batch.groups) >= spec.min_groups, min_version
+
+        recheck_s = self.settings.sample_recheck_s
+        batch, waited_s = await waiting.long_poll(self._fresh, draw, spec.wait_s, recheck_s)
         await self.store.record_sampled(len(batch.groups))
         self._samples.add(len(batch.groups))
-        return dataclasses.replace(batch, waited_s=draw_began_s - first_began_s)
+        return dataclasses.replace(batch, waited_s=waited_s)
 
     async def _draw(self, spec: SampleSpec, rng: np.random.Generator) -> tuple[Batch, int]:
         """Up to B groups by reward and recency, and the oldest policy version it allowed."""
@@ -344,15 +340,13 @@ class BufferService:
         announcement, until `wait_s` has passed. Each wait lasts at most `sample_recheck_s`,
         since announcements another process on the same store served wake nobody here."""
         validation.check_weights_wait(newer_than, wait_s, self.settings)
-        first_read_s = read_s = time.monotonic()
-        while True:
-            with self._announced.watch(newer_than + 1) as announced:
-                latest = await self.store.latest_weights()
-                left_s = first_read_s + wait_s - time.monotonic()
-                if (latest is not None and latest.version > newer_than) or left_s <= 0:
-                    return latest, read_s - first_read_s
-                await waiting.wait_for(announced, min(left_s, self.settings.sample_recheck_s))
-            read_s = time.monotonic()
+
+        async def read() -> tuple[WeightVersion | None, bool, int]:
+            latest = await self.store.latest_weights()
+            return latest, latest is not None and latest.version > newer_than, newer_than + 1
+
+        recheck_s = self.settings.sample_recheck_s
+        return await waiting.long_poll(self._announced, read, wait_s, recheck_s, newer_than + 1)
 
     async def register_run(self, run: Run) -> Run:
         """Registers the trainer's run, or accepts it again when the buffer holds it (a

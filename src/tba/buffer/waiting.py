@@ -6,8 +6,12 @@ its announcement (a searcher waiting for the trainer's next version learns of it
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class VersionWatch:
@@ -43,6 +47,30 @@ async def wait_for(event: asyncio.Event, timeout_s: float) -> None:
     """Returns when `event` is set or after `timeout_s`, whichever comes first."""
     with suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), timeout_s)
+
+
+async def long_poll(
+    watch: VersionWatch,
+    attempt: Callable[[], Awaitable[tuple[T, bool, int]]],
+    wait_s: float,
+    recheck_s: float,
+    first_min_version: int = 0,
+) -> tuple[T, float]:
+    """Runs `attempt` (its result, whether it is the answer, and the oldest version that
+    could change it) until it answers or `wait_s` has passed, waiting in between for `watch`
+    to reach that version, at most `recheck_s` at a time (versions another process served
+    wake nobody here). The last result, and the seconds before the attempt it came from."""
+    first_began_s = began_s = time.monotonic()
+    min_version = first_min_version
+    while True:
+        # Watched from before the attempt: a version reached during it ends the wait at once.
+        with watch.watch(min_version) as reached:
+            result, answered, min_version = await attempt()
+            left_s = first_began_s + wait_s - time.monotonic()
+            if answered or left_s <= 0:
+                return result, began_s - first_began_s
+            await wait_for(reached, min(left_s, recheck_s))
+        began_s = time.monotonic()
 
 
 class DrawGate:
