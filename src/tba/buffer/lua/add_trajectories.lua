@@ -40,29 +40,56 @@ end
 
 local reward_sum = tonumber(redis.call('HGET', key('state'), 'reward_sum') or '0')
 local replaced, evicted = 0, 0
+-- Redis time per command dominates a script's cost, so what many trajectories of the batch
+-- would write one by one is kept here and written once at the end: the new trajectories' blob
+-- and meta fields, the deleted ones, the per-version and per-bin counts, the recency scores.
+-- Reads go through these first, so each step sees what the one-by-one order would have seen.
+local new_blob, new_meta, new_ids, deleted = {}, {}, {}, {}
+local version_delta, bin_delta, newest_of = {}, {}, {}
+local sizes = {}
+local stored = redis.call('HLEN', key('meta'))
 
 local function parse(meta)
   return string.match(meta, '^(%S+) (%S+) (%S+) (%S+) (.+)$')
 end
 
-local function remove(id)
-  local version, bin, reward, digest, prompt_id = parse(redis.call('HGET', key('meta'), id))
+local function history_size(prompt_id)
+  if not sizes[prompt_id] then
+    sizes[prompt_id] = redis.call('ZCARD', key('h:' .. prompt_id))
+  end
+  return sizes[prompt_id]
+end
+
+local function count_in(deltas, field, by)
+  deltas[field] = (deltas[field] or 0) + by
+end
+
+-- `next_first`: the history's oldest id once `id` is gone, when the caller read it already.
+local function remove(id, next_first)
+  local meta = new_meta[id]
+  if meta then
+    new_meta[id], new_blob[id] = nil, nil
+  else
+    meta = redis.call('HGET', key('meta'), id)
+    deleted[#deleted + 1] = id
+  end
+  local version, bin, reward, digest, prompt_id = parse(meta)
   local history, digests = key('h:' .. prompt_id), key('d:' .. prompt_id)
-  redis.call('HDEL', key('meta'), id)
-  redis.call('HDEL', key('blob'), id)
+  local size = history_size(prompt_id) - 1
   redis.call('ZREM', history, id)
   if redis.call('HGET', digests, digest) == id then
     redis.call('HDEL', digests, digest)
   end
-  if redis.call('HINCRBY', key('versions'), version, -1) <= 0 then
-    redis.call('HDEL', key('versions'), version)
-  end
-  redis.call('HINCRBY', key('hist'), bin, -1)
+  count_in(version_delta, version, -1)
+  count_in(bin_delta, bin, -1)
   reward_sum = reward_sum - tonumber(reward)
-  local first = redis.call('ZRANGE', history, 0, 0)[1]
-  if first then
+  stored = stored - 1
+  sizes[prompt_id] = size
+  if size > 0 then
+    local first = next_first or redis.call('ZRANGE', history, 0, 0)[1]
     redis.call('ZADD', key('oldest'), first, prompt_id)
   else
+    newest_of[prompt_id] = nil
     redis.call('DEL', digests)
     redis.call('ZREM', key('recent'), prompt_id)
     redis.call('ZREM', key('oldest'), prompt_id)
@@ -70,29 +97,35 @@ local function remove(id)
   end
 end
 
+local function remove_oldest(prompt_id)
+  local two = redis.call('ZRANGE', key('h:' .. prompt_id), 0, 1)
+  remove(two[1], two[2])
+  evicted = evicted + 1
+end
+
 local function insert(id, blob, meta)
   local version, bin, reward, digest, prompt_id = parse(meta)
-  local history, digests = key('h:' .. prompt_id), key('d:' .. prompt_id)
-  redis.call('HSET', key('blob'), id, blob)
-  redis.call('HSET', key('meta'), id, meta)
-  redis.call('ZADD', history, id, id)
+  local size = history_size(prompt_id) + 1
+  new_blob[id], new_meta[id] = blob, meta
+  new_ids[#new_ids + 1] = id
+  redis.call('ZADD', key('h:' .. prompt_id), id, id)
   if dedup then
-    redis.call('HSET', digests, digest, id)
+    redis.call('HSET', key('d:' .. prompt_id), digest, id)
   end
-  local size = redis.call('ZCARD', history)
+  sizes[prompt_id] = size
   if size == 1 then
     redis.call('ZADD', key('ranked'), 0, prompt_id)
     redis.call('ZADD', key('oldest'), id, prompt_id)
   end
-  redis.call('ZADD', key('recent'), id, prompt_id)
-  redis.call('HINCRBY', key('versions'), version, 1)
-  redis.call('HINCRBY', key('hist'), bin, 1)
+  newest_of[prompt_id] = id
+  count_in(version_delta, version, 1)
+  count_in(bin_delta, bin, 1)
   reward_sum = reward_sum + tonumber(reward)
-  return history, size
+  stored = stored + 1
+  return prompt_id, size
 end
 
-local function add(blob, meta)
-  local id = int(redis.call('HINCRBY', key('state'), 'trajectory_seq', 1))
+local function add(id, blob, meta)
   if dedup then
     local _, _, _, digest, prompt_id = parse(meta)
     local old = redis.call('HGET', key('d:' .. prompt_id), digest)
@@ -101,22 +134,54 @@ local function add(blob, meta)
       replaced = replaced + 1
     end
   end
-  local history, size = insert(id, blob, meta)
+  local prompt_id, size = insert(id, blob, meta)
   if size > history_cap then
-    remove(redis.call('ZRANGE', history, 0, 0)[1])
-    evicted = evicted + 1
+    remove_oldest(prompt_id)
   end
-  if redis.call('HLEN', key('meta')) > capacity then
-    local prompt_id = redis.call('ZRANGE', key('oldest'), 0, 0)[1]
-    remove(redis.call('ZRANGE', key('h:' .. prompt_id), 0, 0)[1])
-    evicted = evicted + 1
+  if stored > capacity then
+    remove_oldest(redis.call('ZRANGE', key('oldest'), 0, 0)[1])
+  end
+end
+
+-- Lua's unpack takes a few thousand values at most: long lists go in chunks.
+local function call_chunked(command, target, values)
+  for first = 1, #values, 1000 do
+    redis.call(command, target, unpack(values, first, math.min(first + 999, #values)))
+  end
+end
+
+local function write_pending()
+  local blobs, metas, recent = {}, {}, {}
+  for _, id in ipairs(new_ids) do
+    if new_meta[id] then
+      blobs[#blobs + 1], blobs[#blobs + 2] = id, new_blob[id]
+      metas[#metas + 1], metas[#metas + 2] = id, new_meta[id]
+    end
+  end
+  for prompt_id, id in pairs(newest_of) do
+    recent[#recent + 1], recent[#recent + 2] = id, prompt_id
+  end
+  call_chunked('HSET', key('blob'), blobs)
+  call_chunked('HSET', key('meta'), metas)
+  call_chunked('HDEL', key('blob'), deleted)
+  call_chunked('HDEL', key('meta'), deleted)
+  call_chunked('ZADD', key('recent'), recent)
+  for version, delta in pairs(version_delta) do
+    if delta ~= 0 and redis.call('HINCRBY', key('versions'), version, delta) <= 0 then
+      redis.call('HDEL', key('versions'), version)
+    end
+  end
+  for bin, delta in pairs(bin_delta) do
+    redis.call('HINCRBY', key('hist'), bin, delta)
   end
 end
 
 local count = (#ARGV - first_pair + 1) / 2
+local last_id = redis.call('HINCRBY', key('state'), 'trajectory_seq', count)
 for i = first_pair, #ARGV, 2 do
-  add(ARGV[i], ARGV[i + 1])
+  add(int(last_id - count + (i - first_pair) / 2 + 1), ARGV[i], ARGV[i + 1])
 end
+write_pending()
 redis.call('HSET', key('state'), 'reward_sum', string.format('%.17g', reward_sum))
 redis.call('HINCRBY', key('state'), 'added_total', count)
 redis.call('HINCRBY', key('state'), 'evicted_total', evicted)
