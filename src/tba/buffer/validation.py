@@ -50,6 +50,7 @@ _REQUIRED_IDENTITY = (
     "max_new_tokens",
 )
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_FINISH_REASONS = frozenset(FinishReason)
 
 
 def _fail(message: str) -> InvalidArgumentError:
@@ -61,7 +62,9 @@ def check_id(value: str, field: str, required: bool = True) -> None:
         raise _fail(f"{field} is required")
     if len(value) > MAX_ID_CHARS:
         raise _fail(f"{field} is longer than {MAX_ID_CHARS} characters")
-    if any(c.isspace() or not c.isprintable() for c in value):
+    # str.isprintable is false for every whitespace character but " ": the same test as
+    # each character's isspace() and isprintable(), without a Python step per character.
+    if not value.isprintable() or " " in value:
         raise _fail(f"{field} may not contain spaces or control characters")
 
 
@@ -152,7 +155,7 @@ def check_trajectory(t: Trajectory, where: str, settings: BufferSettings) -> Non
     if len(t.completion_text) > settings.max_text_chars:
         raise ResourceExhaustedError(f"{where}.completion_text is too long")
     check_text(t.completion_text, f"{where}.completion_text")
-    if t.finish_reason not in set(FinishReason):
+    if t.finish_reason not in _FINISH_REASONS:
         raise _fail(f"{where}.finish_reason {t.finish_reason} is not a known value")
     check_sampling_temperature(t.sampling_temperature, f"{where}.sampling_temperature")
     tokens = len(t.completion_token_ids) // 4
