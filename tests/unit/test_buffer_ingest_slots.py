@@ -69,7 +69,15 @@ class HeldDrawStore(MemoryStore):
         return await super().recent_prompt_ids(window)
 
 
-def test_an_add_waits_for_the_draws_running_when_its_turn_came_and_not_for_later_ones():
+def add_task(service: BufferService, request_id: str = "r") -> asyncio.Task[AddResult]:
+    return asyncio.create_task(
+        service.add_trajectories(
+            [trajectory("a")], request_id=request_id, searcher_id="s1", lease_id=""
+        )
+    )
+
+
+def test_an_add_stores_after_the_draws_running_when_its_turn_came_and_when_it_is_ready():
     async def scenario() -> None:
         settings = BufferSettings()
         store = HeldDrawStore(settings)
@@ -77,19 +85,49 @@ def test_an_add_waits_for_the_draws_running_when_its_turn_came_and_not_for_later
         await service.put_prompts([Prompt("a", "question")])
         first = asyncio.create_task(service.sample(SampleSpec(1, 1, 0.5)))
         await asyncio.sleep(0.01)
-        add = asyncio.create_task(
-            service.add_trajectories(
-                [trajectory("a")], request_id="r", searcher_id="s1", lease_id=""
-            )
-        )
+        add = add_task(service)
         await asyncio.sleep(0.01)
-        later = asyncio.create_task(service.sample(SampleSpec(1, 1, 0.5)))
+        second = asyncio.create_task(service.sample(SampleSpec(1, 1, 0.5)))
         await asyncio.sleep(0.05)
         assert not add.done() and (await service.stats()).trajectories == 0
-        store.draws[0].set()  # the draw running when the add's turn came ends
-        assert (await asyncio.wait_for(add, 5.0)).accepted == 1
-        assert not later.done()
+        store.draws[0].set()  # the draw running when the add's turn came ends...
+        await asyncio.sleep(0.05)
+        assert not add.done()  # ...and the add, ready to store, waits for the second one
         store.draws[1].set()
-        await asyncio.gather(first, later)
+        assert (await asyncio.wait_for(add, 5.0)).accepted == 1
+        await asyncio.gather(first, second)
+
+    asyncio.run(scenario())
+
+
+class HeldAddsAndDraws(HeldDrawStore):
+    """Holds draws as HeldDrawStore does, and adds inside the store until `release` is set."""
+
+    def __init__(self, settings: BufferSettings) -> None:
+        super().__init__(settings)
+        self.release = asyncio.Event()
+        self.storing = asyncio.Event()
+
+    async def add_trajectories(self, *args: Any, **kwargs: Any) -> AddResult:
+        self.storing.set()
+        await self.release.wait()
+        return await super().add_trajectories(*args, **kwargs)
+
+
+def test_a_draw_that_starts_while_an_add_stores_does_not_hold_it_back():
+    async def scenario() -> None:
+        settings = BufferSettings()
+        store = HeldAddsAndDraws(settings)
+        service = BufferService(store, settings)
+        await service.put_prompts([Prompt("a", "question")])
+        add = add_task(service)
+        await asyncio.wait_for(store.storing.wait(), 5.0)
+        draw = asyncio.create_task(service.sample(SampleSpec(1, 1, 0.5)))
+        await asyncio.sleep(0.01)
+        store.release.set()
+        assert (await asyncio.wait_for(add, 5.0)).accepted == 1
+        assert not draw.done()
+        store.draws[0].set()
+        await draw
 
     asyncio.run(scenario())

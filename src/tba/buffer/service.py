@@ -107,8 +107,9 @@ class BufferService:
         so is a batch of another run than the registered one (`runs.check_tagged`). Each
         trajectory is stored under the request's `searcher_id` (the buffer owns that field;
         `created_at_s` is the sender's). At most `adds_in_flight` calls are worked on at
-        once; the rest wait here, before any of their work, and one whose turn comes while
-        Sample draws run starts after them."""
+        once; the rest wait here, before any of their work. One whose turn comes while
+        Sample draws run starts after them, and one that is ready to store while draws run
+        stores after them (its script would hold up their round trips in the store)."""
         async with self._add_slots:
             await self._draws.after_running_draws()
             return await self._add(request_id, searcher_id, lease_id, trajectories, run_id)
@@ -128,14 +129,14 @@ class BufferService:
         unknown = sorted(prompt_ids - known.keys())
         if unknown:
             raise InvalidArgumentError(f"unknown prompt ids: {', '.join(unknown[:10])}")
-        now_s = self._clock()
         stamped = [dataclasses.replace(t, searcher_id=searcher_id) for t in trajectories]
+        await self._draws.after_running_draws()
         result = await self.store.add_trajectories(
             stamped,
             request_id=request_id,
             searcher_id=searcher_id,
             lease_id=lease_id,
-            now_s=now_s,
+            now_s=self._clock(),
             digest=digest,
             run_id=run_id,
         )

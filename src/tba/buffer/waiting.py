@@ -74,10 +74,10 @@ async def long_poll(
 
 
 class DrawGate:
-    """Adds that get their turn while draws run start after those draws end, not after later
-    ones (so adds cannot starve): a draw's round trips then do not queue behind new add
-    scripts in the store. With the trainer long-polling, draws are few (one per add it could
-    use), so the adds held back are few too."""
+    """An add waits for the draws running when it gets its turn and, again, for those running
+    when it is ready to store, never for later ones (so adds cannot starve): a draw's round
+    trips then do not queue behind new add scripts in the store. With the trainer
+    long-polling, draws are few (one per add it could use), so the adds held back are few."""
 
     def __init__(self) -> None:
         self._running: set[asyncio.Future[None]] = set()
