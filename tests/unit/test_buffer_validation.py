@@ -136,3 +136,18 @@ def test_prompt_text_with_a_lone_surrogate_is_invalid(field):
     prompt = dataclasses.replace(Prompt("", "1+1=", "2"), **{field: "\ud800"})
     with pytest.raises(InvalidArgumentError, match=f"prompts\\[0\\].{field}"):
         validation.check_prompts([prompt], SETTINGS)
+
+
+# Ids are space-separated fields inside the stores' records.
+@pytest.mark.parametrize(
+    "bad",
+    [" ", "\t", "\n", "\r", "\x00", "\x1f", "\x7f", "\x85", "\xa0", "\u2028", "\u200b", "\u3000"],
+)
+def test_ids_with_whitespace_or_control_characters_are_invalid(bad):
+    with pytest.raises(InvalidArgumentError, match="spaces or control characters"):
+        validation.check_id(f"prompt{bad}1", "prompt_id")
+
+
+@pytest.mark.parametrize("good", ["p-1", "run/42:x", "préfixe_é", "数字", "a" * 128])
+def test_printable_ids_without_spaces_pass(good):
+    validation.check_id(good, "prompt_id")
