@@ -150,16 +150,21 @@ local function call_chunked(command, target, values)
   end
 end
 
+local function push_pair(list, first, second)
+  list[#list + 1] = first
+  list[#list + 1] = second
+end
+
 local function write_pending()
   local blobs, metas, recent = {}, {}, {}
   for _, id in ipairs(new_ids) do
     if new_meta[id] then
-      blobs[#blobs + 1], blobs[#blobs + 2] = id, new_blob[id]
-      metas[#metas + 1], metas[#metas + 2] = id, new_meta[id]
+      push_pair(blobs, id, new_blob[id])
+      push_pair(metas, id, new_meta[id])
     end
   end
   for prompt_id, id in pairs(newest_of) do
-    recent[#recent + 1], recent[#recent + 2] = id, prompt_id
+    push_pair(recent, id, prompt_id)
   end
   call_chunked('HSET', key('blob'), blobs)
   call_chunked('HSET', key('meta'), metas)
