@@ -44,7 +44,7 @@ local replaced, evicted = 0, 0
 -- would write one by one is kept here and written once at the end: the new trajectories' blob
 -- and meta fields, the deleted ones, the per-version and per-bin counts, the recency scores.
 -- Reads go through these first, so each step sees what the one-by-one order would have seen.
-local new_blob, new_meta, new_ids, deleted = {}, {}, {}, {}
+local new_blob, new_meta, deleted = {}, {}, {}
 local version_delta, bin_delta, newest_of = {}, {}, {}
 local sizes = {}
 local stored = redis.call('HLEN', key('meta'))
@@ -107,7 +107,6 @@ local function insert(id, blob, meta)
   local version, bin, reward, digest, prompt_id = parse(meta)
   local size = history_size(prompt_id) + 1
   new_blob[id], new_meta[id] = blob, meta
-  new_ids[#new_ids + 1] = id
   redis.call('ZADD', key('h:' .. prompt_id), id, id)
   if dedup then
     redis.call('HSET', key('d:' .. prompt_id), digest, id)
@@ -157,11 +156,9 @@ end
 
 local function write_pending()
   local blobs, metas, recent = {}, {}, {}
-  for _, id in ipairs(new_ids) do
-    if new_meta[id] then
-      push_pair(blobs, id, new_blob[id])
-      push_pair(metas, id, new_meta[id])
-    end
+  for id, meta in pairs(new_meta) do
+    push_pair(blobs, id, new_blob[id])
+    push_pair(metas, id, meta)
   end
   for prompt_id, id in pairs(newest_of) do
     push_pair(recent, id, prompt_id)
@@ -182,9 +179,10 @@ local function write_pending()
 end
 
 local count = (#ARGV - first_pair + 1) / 2
-local last_id = redis.call('HINCRBY', key('state'), 'trajectory_seq', count)
+local id = redis.call('HINCRBY', key('state'), 'trajectory_seq', count) - count
 for i = first_pair, #ARGV, 2 do
-  add(int(last_id - count + (i - first_pair) / 2 + 1), ARGV[i], ARGV[i + 1])
+  id = id + 1
+  add(int(id), ARGV[i], ARGV[i + 1])
 end
 write_pending()
 redis.call('HSET', key('state'), 'reward_sum', string.format('%.17g', reward_sum))
