@@ -3,8 +3,8 @@ completions) and for tasks that run a model (the red-teaming victim). Greedy at 
 0, else sampling from the full distribution of logits / temperature; batched, left-padded.
 
 Its parts are shared with the searcher's transformers engine (and `padded` with the tasks'
-scoring models): the EOS ids and pad token, the neutral generation config, the padding of a
-batch and the cut after the first EOS."""
+scoring models): the EOS ids and pad token, the padding of a batch and the cut after the
+first EOS."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from tba.errors import InvalidArgumentError
+from tba.models.decode import decode
 
 
 @dataclass(frozen=True)
@@ -38,23 +39,31 @@ def generate_texts(
     batch_size: int = 64,
     seed: int | None = None,
 ) -> list[list[GeneratedText]]:
-    """`n` completions of each prompt, in prompt order. A prompt too long for the model's
-    context keeps its end. Replaces the model's generation defaults (top-k, repetition
-    penalties from its hub config) with neutral ones, so sampling is from the model itself."""
+    """`n` completions of each prompt, in prompt order, `batch_size` rows (prompts x `n`) at
+    a time. A prompt too long for the model's context keeps its end. Samples from the model
+    itself (`tba.models.decode`), whatever generation defaults its hub config names."""
     if max_new_tokens < 1 or n < 1 or batch_size < 1 or temperature < 0:
         raise InvalidArgumentError("max_new_tokens, n and batch_size >= 1, temperature >= 0")
     eos_ids = eos_token_ids(tokenizer, model.config)
     pad_id = pad_token_id(tokenizer, eos_ids)
-    set_neutral_generation_config(model, tokenizer, eos_ids, pad_id)
     keep = _prompt_budget(model, max_new_tokens)
-    rows = [_prompt_ids(tokenizer, text, eos_ids[0])[-keep:] for text in prompts for _ in range(n)]
+    rows = [_prompt_ids(tokenizer, text, eos_ids[0])[-keep:] for text in prompts]
+    per_chunk = max(1, batch_size // n)
     flat: list[GeneratedText] = []
     device = next(model.parameters()).device
     with torch.no_grad(), seeded(seed, device):
-        for start in range(0, len(rows), batch_size):
-            chunk = rows[start : start + batch_size]
-            new_tokens = _generate(model, chunk, pad_id, max_new_tokens, temperature, device)
-            flat += [_generated_text(tokenizer, tokens, eos_ids) for tokens in new_tokens]
+        for start in range(0, len(rows), per_chunk):
+            inputs = padded(rows[start : start + per_chunk], pad_id, left=True, device=device)
+            out = decode(
+                model,
+                inputs,
+                n=n,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                eos_ids=eos_ids,
+                pad_id=pad_id,
+            )
+            flat += [_generated_text(tokenizer, tokens, eos_ids) for tokens in out.tokens.tolist()]
     return [flat[i : i + n] for i in range(0, len(flat), n)]
 
 
@@ -75,18 +84,6 @@ def pad_token_id(tokenizer: Any, eos_ids: list[int]) -> int:
     return int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else eos_ids[0]
 
 
-def set_neutral_generation_config(
-    model: Any, tokenizer: Any, eos_ids: list[int], pad_id: int
-) -> None:
-    """Replaces the model's generation defaults (top-k 50, repetition penalties from its hub
-    config, ...) with none, so `generate` samples from the model's own distribution."""
-    from transformers import GenerationConfig
-
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=eos_ids, pad_token_id=pad_id
-    )
-
-
 def _prompt_budget(model: Any, max_new_tokens: int) -> int:
     """Most prompt tokens that leave room for `max_new_tokens` in the model's context."""
     context = getattr(model.config, "max_position_embeddings", None)
@@ -103,28 +100,6 @@ def _prompt_budget(model: Any, max_new_tokens: int) -> int:
 def _prompt_ids(tokenizer: Any, text: str, fallback: int) -> list[int]:
     # An empty prompt (an empty attack, say) still needs one token to condition on.
     return list(tokenizer(text)["input_ids"]) or [fallback]
-
-
-def _generate(
-    model: Any,
-    rows: list[list[int]],
-    pad_id: int,
-    max_new_tokens: int,
-    temperature: float,
-    device: torch.device,
-) -> list[list[int]]:
-    inputs = padded(rows, pad_id, left=True, device=device)
-    width = inputs["input_ids"].shape[1]
-    sampling: dict[str, Any] = {"do_sample": False}
-    if temperature > 0:
-        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-    out = model.generate(
-        input_ids=inputs["input_ids"],
-        attention_mask=inputs["attention_mask"],
-        max_new_tokens=max_new_tokens,
-        **sampling,
-    )
-    return [list(map(int, row)) for row in out[:, width:].tolist()]
 
 
 def padded(

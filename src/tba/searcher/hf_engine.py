@@ -1,17 +1,15 @@
-"""The transformers generation engine: `generate` with a KV cache on left-padded batches, the
-CPU default for small runs and the fallback where vLLM is missing.
+"""The transformers generation engine: KV-cached decoding of left-padded batches
+(`tba.models.decode`), the CPU default for small runs and the fallback where vLLM is missing.
 
 A prompt's `n` samples share its prefill: the prompts (all but their last token) run once into
-a KV cache that is then repeated `n` times, and `generate` continues from it; for the demo's
-16 prompts x 8 samples a round generates in two thirds of the time, with the same tokens and
-log-probs as a prefill of every row.
+a KV cache that is then repeated `n` times; for the demo's 16 prompts x 8 samples a round
+generates in two thirds of the time, with the same tokens and log-probs as a prefill of every
+row.
 
-Sampling draws from the full distribution: `top_k=0` and `top_p` are passed explicitly and the
-model's own generation defaults (repetition penalties, top-k 50, ...) are replaced by a neutral
-config, so the behaviour log-prob, read from the processed scores `generate` sampled from, is
-that of logits / temperature (truncated to the nucleus when `top_p` < 1). The scores of a
-chunk are held until it ends: max_batch_sequences x max_new_tokens x vocabulary floats, so
-keep chunks small for large vocabularies (vLLM is the engine for those).
+Sampling draws from the full distribution of logits / temperature (cut to the nucleus when
+`top_p` < 1), whatever generation defaults the model's hub config names, and the behaviour
+log-prob is read from that distribution. Only the drawn tokens' log-probs are kept, so a
+chunk holds one step's logits at a time.
 """
 
 from __future__ import annotations
@@ -24,6 +22,7 @@ import torch
 
 from tba.domain import FinishReason, pack_logprobs
 from tba.errors import InvalidArgumentError
+from tba.models.decode import decode
 from tba.models.device import pick_device, pick_dtype
 from tba.models.generate import (
     cut_at_eos,
@@ -31,7 +30,6 @@ from tba.models.generate import (
     pad_token_id,
     padded,
     seeded,
-    set_neutral_generation_config,
 )
 from tba.searcher.config import EngineSettings
 from tba.searcher.engine import Completion, PreparedWeights, SamplingParams, check_request
@@ -49,7 +47,6 @@ class TransformersEngine:
         self.eos_token_ids = eos_token_ids(tokenizer, model.config)
         self.pad_token_id = pad_token_id(tokenizer, self.eos_token_ids)
         self.context_tokens: int | None = getattr(model.config, "max_position_embeddings", None)
-        set_neutral_generation_config(self.model, tokenizer, self.eos_token_ids, self.pad_token_id)
         self._version = 0
 
     @property
@@ -71,53 +68,23 @@ class TransformersEngine:
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Completion]:
         inputs = padded(prompts, self.pad_token_id, left=True, device=self.device)
-        input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
-        width = input_ids.shape[1]
-        cache = self._prefill(inputs, params.n)
         max_new_tokens = params.max_new_tokens
         if self.context_tokens is not None:
-            max_new_tokens = min(max_new_tokens, self.context_tokens - width)
-        out = self.model.generate(
-            input_ids=input_ids.repeat_interleave(params.n, dim=0),
-            attention_mask=attention_mask.repeat_interleave(params.n, dim=0),
-            past_key_values=cache,
-            do_sample=True,
-            temperature=params.temperature,
-            top_k=0,
-            top_p=params.top_p,
+            max_new_tokens = min(max_new_tokens, self.context_tokens - inputs["input_ids"].shape[1])
+        out = decode(
+            self.model,
+            inputs,
+            n=params.n,
             max_new_tokens=max_new_tokens,
-            return_dict_in_generate=True,
-            output_scores=True,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            eos_ids=self.eos_token_ids,
+            pad_id=self.pad_token_id,
         )
-        new_tokens = out.sequences[:, width:]
-        logprobs = torch.empty(new_tokens.shape, dtype=torch.float32, device=new_tokens.device)
-        for step, scores in enumerate(out.scores):
-            # One step at a time: a [rows, steps, vocabulary] stack would double the memory.
-            step_logprobs = scores.float().log_softmax(dim=-1)
-            picked = step_logprobs.gather(-1, new_tokens[:, step : step + 1])
-            logprobs[:, step] = picked.squeeze(-1)
         return [
             self._completion(tokens, logps)
-            for tokens, logps in zip(new_tokens.tolist(), logprobs.cpu(), strict=True)
+            for tokens, logps in zip(out.tokens.tolist(), out.logprobs.cpu(), strict=True)
         ]
-
-    def _prefill(self, inputs: dict[str, torch.Tensor], n: int) -> Any:
-        """The KV cache of each (left-padded) prompt but its last token, repeated for its `n`
-        samples (None for prompts of one token: `generate` then starts from nothing)."""
-        from transformers import DynamicCache
-
-        if inputs["input_ids"].shape[1] < 2:
-            return None
-        cache = DynamicCache(config=self.model.config)
-        self.model(
-            input_ids=inputs["input_ids"][:, :-1],
-            attention_mask=inputs["attention_mask"][:, :-1],
-            position_ids=inputs["position_ids"][:, :-1],
-            past_key_values=cache,
-            use_cache=True,
-        )
-        cache.batch_repeat_interleave(n)
-        return cache
 
     def _completion(self, tokens: list[int], logprobs: torch.Tensor) -> Completion:
         tokens, stopped = cut_at_eos(tokens, eos_ids=self.eos_token_ids)
