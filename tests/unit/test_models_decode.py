@@ -102,6 +102,31 @@ def test_greedy_takes_the_argmax_and_rows_that_ended_are_padded(lm):
                 ids.append(want)
 
 
+def test_the_prefill_computes_no_logits_beyond_the_last_position(lm, monkeypatch):
+    tokenizer, model = lm
+    widths = []
+    forward = model.forward
+
+    def recording(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        widths.append(out.logits.shape[1])
+        return out
+
+    monkeypatch.setattr(model, "forward", recording)
+    inputs = padded(PROMPTS, tokenizer.pad_token_id, left=True, device=torch.device("cpu"))
+    with torch.no_grad():
+        decode(
+            model,
+            inputs,
+            n=2,
+            max_new_tokens=3,
+            temperature=1.0,
+            eos_ids=[tokenizer.eos_token_id],
+            pad_id=tokenizer.pad_token_id,
+        )
+    assert widths and set(widths) == {1}
+
+
 def test_nucleus_keeps_the_smallest_set_reaching_top_p():
     scores = torch.tensor([[math.log(p) for p in (0.15, 0.5, 0.05, 0.3)]])
     kept = lambda top_p: torch.isfinite(nucleus(scores, top_p))[0].tolist()  # noqa: E731

@@ -52,6 +52,9 @@ def decode(
             position_ids=inputs["position_ids"][:, :-1],
             past_key_values=cache,
             use_cache=True,
+            # Only the cache is wanted: logits of every prefix position would be rows x
+            # prompt tokens x vocabulary floats.
+            logits_to_keep=1,
         )
         cache.batch_repeat_interleave(n)
     mask = inputs["attention_mask"].repeat_interleave(n, dim=0)
