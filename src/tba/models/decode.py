@@ -1,7 +1,7 @@
-"""KV-cached decoding of left-padded batches with a transformers causal LM, in place of
-`model.generate`: for short completions of a small model that call's own work per token
-(logits processors, stopping criteria, input preparation) is about a fifth of a round, and
-the searcher's transformers engine, the evaluator and the plain loop generate many of those.
+"""KV-cached decoding of left-padded batches with a transformers causal LM, for the searcher's
+transformers engine and `generate_texts`, in place of `model.generate`, which kept every
+step's scores to read the drawn tokens' log-probs from (rows x new tokens x vocabulary
+floats); this keeps only those log-probs.
 
 Each prompt's prefix (all but its last token) runs once into the cache, which is then repeated
 for the prompt's `n` rows, so `n` samples share one prefill. Sampling is from the full
