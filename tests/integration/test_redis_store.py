@@ -14,11 +14,12 @@ import pytest
 
 from tba.buffer.memory_store import MemoryStore
 from tba.buffer.redis_store import RedisStore
-from tba.buffer.store import BufferStore, StoreLimits
+from tba.buffer.store import BufferStore, PromptDraw, StoreLimits
 from tba.domain import AddResult, Prompt, WeightVersion
 from tba.errors import FailedPreconditionError, TbaError, UnavailableError
 from tests.fixtures.data import trajectory
 from tests.fixtures.redis_server import RedisServer
+from tests.fixtures.store_reads import by_rank, candidates, recent_prompt_ids
 
 NOW = 1_700_000_000.0
 LIMITS = StoreLimits(
@@ -65,15 +66,21 @@ def random_call(
             ),
         )
     if kind == "read":
-        which = rng.choice(["recent", "random", "candidates", "get"])
-        if which == "recent":
-            return "recent_prompt_ids", (rng.randint(1, 8),), {}
-        if which == "random":
-            return "random_prompt_ids", ([rng.random() for _ in range(5)],), {}
-        if which == "candidates":
-            return "candidates", (rng.sample(prompt_ids, 4),), {}
+        if rng.random() < 0.5:
+            return "draw_prompts", (random_draw(rng, prompt_ids),), {}
         return "get_trajectories", ([rng.randint(1, 200) for _ in range(6)],), {}
     return "counters", (now,), {}
+
+
+def random_draw(rng: random.Random, prompt_ids: list[str]) -> PromptDraw:
+    groups = rng.randint(0, 6)
+    return PromptDraw(
+        rng.randint(0, 8),
+        rng.randint(0, groups),
+        tuple(rng.random() for _ in range(groups)),
+        tuple(rng.random() for _ in range(rng.randint(0, 10))),
+        frozenset(rng.sample(prompt_ids, rng.randint(0, 3))),
+    )
 
 
 async def outcome(call: Awaitable[Any]) -> Any:
@@ -133,15 +140,15 @@ def test_redis_store_computes_exactly_what_memory_store_does(
 async def snapshot(store: BufferStore, now: float) -> dict[str, Any]:
     counters = await store.counters(now)
     prompt_ids = [f"q{i}" for i in range(6)]
-    candidates = await store.candidates(prompt_ids)
-    ids = [c.trajectory_id for cs in candidates.values() for c in cs]
+    found = await candidates(store)
+    ids = [c.trajectory_id for cs in found.values() for c in cs]
     return {
         "counters": counters,
         "prompts": await store.get_prompts(prompt_ids),
-        "candidates": candidates,
+        "candidates": found,
         "trajectories": await store.get_trajectories(ids),
-        "recent": await store.recent_prompt_ids(10),
-        "random": await store.random_prompt_ids([0.1, 0.5, 0.9]),
+        "recent": await recent_prompt_ids(store, 10),
+        "by rank": await by_rank(store, [0.1, 0.5, 0.9], 3),
         "weights": await store.latest_weights(),
     }
 
@@ -221,7 +228,7 @@ def test_stores_keep_to_their_key_prefix(redis_server: RedisServer) -> None:
             await fill(first)
             assert (await second.counters(NOW)).prompts == 0
             assert await second.latest_weights() is None
-            assert await second.recent_prompt_ids(10) == []
+            assert await recent_prompt_ids(second, 10) == []
             await second.put_prompts([Prompt("", "other")])
             assert (await first.counters(NOW)).prompts == 6
             assert (await first.get_prompts(["p1"])) == {}

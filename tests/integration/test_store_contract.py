@@ -8,11 +8,19 @@ import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable
 
+import numpy as np
 import pytest
 
-from tba.buffer import codec
+from tba.buffer import codec, sampling
 from tba.buffer.history import BufferPoint, Evaluation, HistoryPoint
-from tba.buffer.store import BufferStore, Candidate, StoreLimits, open_buffer_store
+from tba.buffer.store import (
+    BufferStore,
+    Candidate,
+    DrawnPrompts,
+    PromptDraw,
+    StoreLimits,
+    open_buffer_store,
+)
 from tba.domain import (
     AddResult,
     FinishReason,
@@ -26,6 +34,7 @@ from tba.domain import (
 from tba.errors import FailedPreconditionError, InvalidArgumentError
 from tba.runs import Run, RunIdentity, RunRecipe
 from tests.fixtures.data import trajectory, with_token_logprobs
+from tests.fixtures.store_reads import by_rank, candidates, ids_of, recent_prompt_ids
 
 NOW = 1_700_000_000.0
 EDGES = (0.0, 0.5, 1.0)
@@ -87,11 +96,6 @@ async def add(
         digest=digest,
         run_id=run_id,
     )
-
-
-async def ids_of(store: BufferStore, prompt_id: str) -> list[int]:
-    found = await store.candidates([prompt_id])
-    return [c.trajectory_id for c in found.get(prompt_id, [])]
 
 
 async def leased(
@@ -284,11 +288,11 @@ def test_identical_completions_of_a_prompt_replace_each_other(make_store: MakeSt
         await add(store, trajectory("a", (1, 2), reward=0.0))
         result = await add(store, trajectory("a", (1, 2), reward=1.0), trajectory("b", (1, 2)))
         assert result == AddResult(2, 1, 0)
-        assert (await store.candidates(["a"]))["a"] == [Candidate(2, 1.0, 0)]
+        assert (await candidates(store))["a"] == [Candidate(2, 1.0, 0)]
         assert await ids_of(store, "b") == [3]
         within = await add(store, trajectory("a", (5,)), trajectory("a", (5,), policy_version=4))
         assert within == AddResult(2, 1, 0)
-        assert (await store.candidates(["a"]))["a"] == [Candidate(2, 1.0, 0), Candidate(5, 1.0, 4)]
+        assert (await candidates(store))["a"] == [Candidate(2, 1.0, 0), Candidate(5, 1.0, 4)]
         counters = await store.counters(NOW)
         assert (counters.trajectories, counters.per_version) == (3, {0: 2, 4: 1})
         assert counters.trajectories_added_total == 5 and counters.evicted_total == 0
@@ -327,17 +331,18 @@ def test_capacity_evicts_the_globally_oldest(make_store: MakeStore) -> None:
         await add(store, trajectory("c", reward=0.2))
         result = await add(store, trajectory("d", reward=0.3), trajectory("b", (7,), 0.4))
         assert result == AddResult(2, 0, 2)
-        assert await store.candidates(["a", "b"]) == {"b": [Candidate(5, 0.4, 0)]}
-        assert await store.recent_prompt_ids(10) == ["b", "d", "c"]
-        assert await store.random_prompt_ids([0.0, 0.5, 0.9]) == ["b", "c", "d"]
+        found = await candidates(store)
+        assert "a" not in found and found["b"] == [Candidate(5, 0.4, 0)]
+        assert await recent_prompt_ids(store, 10) == ["b", "d", "c"]
+        assert await by_rank(store, [0.0, 0.5, 0.9], 3) == ["b", "c", "d"]
         counters = await store.counters(NOW)
         assert counters.trajectories == 3 and counters.prompts_with_trajectories == 3
         assert counters.per_version == {0: 3} and counters.evicted_total == 2
         assert counters.reward_histogram_counts == [3, 0]
         assert counters.reward_sum == pytest.approx(0.9)
         await add(store, trajectory("a", reward=1.0))  # a prompt that emptied comes back
-        assert (await store.recent_prompt_ids(1)) == ["a"]
-        assert await store.candidates(["a"]) == {"a": [Candidate(6, 1.0, 0)]}
+        assert (await recent_prompt_ids(store, 1)) == ["a"]
+        assert (await candidates(store))["a"] == [Candidate(6, 1.0, 0)]
 
     run(make_store, scenario, limits(capacity=3))
 
@@ -350,7 +355,7 @@ def test_frozen_growth_holds_what_was_held_and_evicts_the_oldest(make_store: Mak
         # Accepted as before; each one beyond the cap evicts the globally oldest.
         result = await add(store, trajectory("a", (2,)), trajectory("c", (2,)))
         assert result == AddResult(2, 0, 2)
-        assert await store.candidates(["a", "b", "c"]) == {
+        assert await candidates(store) == {
             "a": [Candidate(4, 1.0, 0)],
             "c": [Candidate(3, 1.0, 0), Candidate(5, 1.0, 0)],
         }
@@ -387,24 +392,25 @@ def test_growth_frozen_full_keeps_the_capacity(make_store: MakeStore) -> None:
 
 def test_recent_prompts_are_ordered_by_newest_trajectory(make_store: MakeStore) -> None:
     async def scenario(store: BufferStore) -> None:
-        assert await store.recent_prompt_ids(5) == []
+        assert await recent_prompt_ids(store, 5) == []
         await put(store, "a", "b", "c")
         await add(store, trajectory("a", (1,)), trajectory("b", (1,)), trajectory("c", (1,)))
         await add(store, trajectory("a", (2,)))
-        assert await store.recent_prompt_ids(10) == ["a", "c", "b"]
-        assert await store.recent_prompt_ids(2) == ["a", "c"]
+        assert await recent_prompt_ids(store, 10) == ["a", "c", "b"]
+        assert await recent_prompt_ids(store, 2) == ["a", "c"]
 
     run(make_store, scenario)
 
 
-def test_random_prompts_are_chosen_by_rank(make_store: MakeStore) -> None:
+def test_reward_prompts_are_chosen_by_rank_without_repeats(make_store: MakeStore) -> None:
     async def scenario(store: BufferStore) -> None:
         await put(store, "b", "a", "c", "z")
-        assert await store.random_prompt_ids([0.5]) == []
+        assert await by_rank(store, [0.5], 1) == []
         await add(store, trajectory("b"), trajectory("a"), trajectory("c"))
-        uniforms = [0.0, 0.34, 0.5, 0.67, 0.9999, 0.2]
-        assert await store.random_prompt_ids(uniforms) == ["a", "b", "b", "c", "c", "a"]
-        assert await store.random_prompt_ids([]) == []
+        uniforms = [0.34, 0.5, 0.9999, 0.67, 0.0]
+        assert await by_rank(store, uniforms, 3) == ["b", "c", "a"]
+        assert await by_rank(store, uniforms, 2) == ["b", "c"]
+        assert await by_rank(store, [], 2) == []
 
     run(make_store, scenario)
 
@@ -414,12 +420,47 @@ def test_candidates_list_each_prompts_trajectories_oldest_first(make_store: Make
         await put(store, "a", "b", "c")
         await add(store, trajectory("a", (1,), -0.5, 3), trajectory("b", (1,), 2.0, 1))
         await add(store, trajectory("a", (2,), 0.125, 4))
-        found = await store.candidates(["a", "b", "c", "unknown"])
-        assert found == {
+        assert await candidates(store) == {
             "a": [Candidate(1, -0.5, 3), Candidate(3, 0.125, 4)],
             "b": [Candidate(2, 2.0, 1)],
         }
-        assert await store.candidates([]) == {}
+
+    run(make_store, scenario)
+
+
+def test_a_draw_chooses_as_the_sampling_maths_do_and_reads_what_it_chose(
+    make_store: MakeStore,
+) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a", "b", "c", "d", "e", "f")
+        await add(store, *(trajectory(p, (1,), reward=0.5) for p in "abcde"))
+        await add(store, trajectory("b", (2,), policy_version=3))
+        await store.announce_weights(WeightVersion(7, "file:///w/7", "a" * 64, 70, NOW))
+        window, ranked = ["b", "e", "d"], ["a", "b", "c", "d", "e"]  # "f" has no trajectory
+        rng = np.random.default_rng(3)
+        for _ in range(30):
+            groups = int(rng.integers(0, 5))
+            draw = PromptDraw(
+                len(window),
+                int(rng.integers(0, groups + 1)),
+                tuple(rng.random(groups).tolist()),
+                tuple(rng.random(int(rng.integers(0, 8))).tolist()),
+                frozenset(rng.choice(ranked, int(rng.integers(0, 3))).tolist()),
+            )
+            drawn = await store.draw_prompts(draw)
+            expected = sampling.choose_prompts(window, ranked, draw)
+            assert list(drawn.sources.items()) == list(expected.items())
+            assert drawn.prompts == {p: Prompt(p, f"question {p}") for p in expected}
+            assert drawn.candidates == {p: (await candidates(store))[p] for p in expected}
+            assert drawn.latest_version == 7
+
+    run(make_store, scenario)
+
+
+def test_a_draw_before_any_weights_reports_version_0(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        drawn = await store.draw_prompts(PromptDraw(4, 1, (0.5, 0.5), (0.5,) * 4, frozenset()))
+        assert drawn == DrawnPrompts(0, {}, {}, {})
 
     run(make_store, scenario)
 

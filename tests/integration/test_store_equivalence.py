@@ -18,6 +18,7 @@ from tba.buffer import codec
 from tba.buffer.store import BufferStore, StoreLimits, open_buffer_store
 from tba.domain import Prompt, Trajectory
 from tests.fixtures.data import trajectory
+from tests.fixtures.store_reads import by_rank, candidates, recent_prompt_ids
 
 NOW = 1_700_000_000.0
 PROMPTS = [f"p{n}" for n in range(6)]
@@ -40,8 +41,8 @@ def random_batch(rng: random.Random) -> list[Trajectory]:
 
 async def snapshot(store: BufferStore) -> dict[str, Any]:
     counters = await store.counters(NOW)
-    candidates = await store.candidates(PROMPTS)
-    ids = [c.trajectory_id for found in candidates.values() for c in found]
+    found = await candidates(store)
+    ids = [c.trajectory_id for trajectories in found.values() for c in trajectories]
     stored = await store.get_trajectories(sorted(ids))
     return {
         "counters": (
@@ -53,10 +54,10 @@ async def snapshot(store: BufferStore) -> dict[str, Any]:
             counters.trajectories_added_total,
             counters.evicted_total,
         ),
-        "candidates": candidates,
+        "candidates": found,
         "completions": [(t.id, t.completion_token_ids) for t in stored],
-        "recent": await store.recent_prompt_ids(len(PROMPTS)),
-        "random": await store.random_prompt_ids(UNIFORMS),
+        "recent": await recent_prompt_ids(store, len(PROMPTS)),
+        "by rank": await by_rank(store, UNIFORMS, len(PROMPTS)),
     }
 
 

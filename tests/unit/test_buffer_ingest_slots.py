@@ -10,6 +10,7 @@ from tba.buffer.config import BufferSettings
 from tba.buffer.memory_store import MemoryStore
 from tba.buffer.server import store_limits
 from tba.buffer.service import BufferService
+from tba.buffer.store import DrawnPrompts, PromptDraw
 from tba.domain import AddResult, Prompt, SampleSpec
 from tests.fixtures.data import trajectory
 
@@ -57,16 +58,16 @@ def test_adds_beyond_the_slots_wait_their_turn_and_all_are_stored():
 
 
 class HeldDrawStore(MemoryStore):
-    """Holds each Sample draw (at its recency window read) until its own event is set."""
+    """Holds each Sample draw (at its prompt choice) until its own event is set."""
 
     def __init__(self, settings: BufferSettings) -> None:
         super().__init__(store_limits(settings))
         self.draws: list[asyncio.Event] = []
 
-    async def recent_prompt_ids(self, window: int) -> list[str]:
+    async def draw_prompts(self, draw: PromptDraw) -> DrawnPrompts:
         self.draws.append(asyncio.Event())
         await self.draws[-1].wait()
-        return await super().recent_prompt_ids(window)
+        return await super().draw_prompts(draw)
 
 
 def add_task(service: BufferService, request_id: str = "r") -> asyncio.Task[AddResult]:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tba.buffer import sampling
-from tba.buffer.store import Candidate
+from tba.buffer.store import Candidate, PromptDraw
 from tba.domain import SampleSource
 
 DRAWS = 20_000
@@ -95,21 +95,55 @@ def test_min_version_allowed():
     assert sampling.min_version_allowed(2, 5) == 0
 
 
-def test_pick_distinct_is_uniform_without_replacement_and_excludes():
-    pool = ["a", "b", "c", "d", "a"]
+def test_uniform_prefix_is_uniform_without_replacement():
     rng = np.random.default_rng(7)
-    counts: Counter[str] = Counter()
+    counts: Counter[tuple[str, ...]] = Counter()
     for _ in range(DRAWS):
-        picked = sampling.pick_distinct(pool, 2, {"d"}, rng)
-        assert len(set(picked)) == 2 and "d" not in picked
-        counts.update(picked)
-    for name in "abc":
-        assert abs(counts[name] / DRAWS - 2 / 3) < 0.015
+        picked = sampling.uniform_prefix(["a", "b", "c"], rng.random(2).tolist())
+        counts[tuple(picked)] += 1
+    assert len(counts) == 6  # every ordered pair of distinct items
+    for share in counts.values():
+        assert abs(share / DRAWS - 1 / 6) < 0.015
 
 
-def test_pick_distinct_returns_all_when_short():
-    picked = sampling.pick_distinct(["a", "b"], 5, [], np.random.default_rng(8))
-    assert sorted(picked) == ["a", "b"]
+def test_uniform_prefix_keeps_the_order_at_zero_and_stops_when_short():
+    assert sampling.uniform_prefix(["a", "b", "c"], [0.0, 0.0]) == ["a", "b"]
+    assert sampling.uniform_prefix(["a", "b", "c"], [0.9999, 0.0]) == ["c", "b"]
+    assert sampling.uniform_prefix(["a", "b"], [0.5, 0.5, 0.5]) == ["b", "a"]
+    assert sampling.uniform_prefix([], [0.5]) == []
+
+
+def _prompt_draw(
+    recent: list[float], reward: list[float], wanted_recent: int, exclude: str = ""
+) -> PromptDraw:
+    return PromptDraw(4, wanted_recent, tuple(recent), tuple(reward), frozenset(exclude))
+
+
+def test_choose_prompts_by_window_and_rank_excluding():
+    window, ranked = ["d", "c", "b", "a"], ["a", "b", "c", "d"]
+    draw = _prompt_draw([0.0, 0.5, 0.0], [0.1, 0.1, 0.9], wanted_recent=1, exclude="d")
+    chosen = sampling.choose_prompts(window, ranked, draw)
+    # recency: "c" (the window less "d", at rank 0); reward: "a", a repeat, "d" excluded
+    assert chosen == {
+        "c": SampleSource.RECENCY,
+        "a": SampleSource.REWARD,
+        "b": SampleSource.RECENCY,
+    }
+    assert list(chosen) == ["c", "b", "a"]  # the window's slot for the short reward side
+
+
+def test_choose_prompts_stops_when_everything_is_taken():
+    draw = _prompt_draw([0.3, 0.6, 0.9], [0.0, 0.5, 0.99] * 3, wanted_recent=1)
+    assert sampling.choose_prompts(["a"], ["a"], draw) == {"a": SampleSource.RECENCY}
+    assert sampling.choose_prompts([], [], draw) == {}
+
+
+def test_prompt_draw_gives_a_recency_uniform_per_group_and_spare_reward_ones():
+    sources = [SampleSource.RECENCY, SampleSource.REWARD, SampleSource.REWARD]
+    draw = sampling.prompt_draw(sources, 16, {"x"}, np.random.default_rng(1))
+    assert (draw.window, draw.wanted_recent, draw.exclude) == (16, 1, frozenset({"x"}))
+    assert len(draw.recent_uniforms) == 3 and len(draw.reward_uniforms) == 8
+    assert all(0 <= u < 1 for u in draw.recent_uniforms + draw.reward_uniforms)
 
 
 def test_same_seed_same_draw():

@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sortedcontainers import SortedList
 
-from tba.buffer import codec, history
-from tba.buffer.store import Candidate, StoreCounters, StoreLimits, reused_request_id
+from tba.buffer import codec, history, sampling
+from tba.buffer.store import (
+    Candidate,
+    DrawnPrompts,
+    PromptDraw,
+    StoreCounters,
+    StoreLimits,
+    reused_request_id,
+)
 from tba.domain import (
     AddResult,
     Lease,
@@ -284,22 +292,16 @@ class MemoryStore:
     async def freeze_growth(self) -> int:
         return self._store.freeze()
 
-    async def recent_prompt_ids(self, window: int) -> list[str]:
-        newest_first = reversed(self._store.recent)
-        return [p for p, _ in zip(newest_first, range(window), strict=False)]
-
-    async def random_prompt_ids(self, uniforms: Sequence[float]) -> list[str]:
-        ranked = self._store.ranked
-        n = len(ranked)
-        return [ranked[min(max(int(u * n), 0), n - 1)] for u in uniforms] if n else []
-
-    async def candidates(self, prompt_ids: Sequence[str]) -> dict[str, list[Candidate]]:
-        found = {}
-        for prompt_id in prompt_ids:
-            history = self._store.history.get(prompt_id)
-            if history:
-                found[prompt_id] = [self._candidate(i) for i in history]
-        return found
+    async def draw_prompts(self, draw: PromptDraw) -> DrawnPrompts:
+        store = self._store
+        window = list(itertools.islice(reversed(store.recent), draw.window))
+        sources = sampling.choose_prompts(window, store.ranked, draw)
+        return DrawnPrompts(
+            latest_version=self._weights.version if self._weights else 0,
+            sources=sources,
+            candidates={p: [self._candidate(i) for i in store.history[p]] for p in sources},
+            prompts={p: self._prompts[p] for p in sources},
+        )
 
     def _candidate(self, trajectory_id: int) -> Candidate:
         t = self._store.by_id[trajectory_id].trajectory

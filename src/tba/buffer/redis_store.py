@@ -27,12 +27,20 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tba.buffer import codec, history
 from tba.buffer.access import redact_url
-from tba.buffer.store import Candidate, StoreCounters, StoreLimits, reused_request_id
+from tba.buffer.store import (
+    Candidate,
+    DrawnPrompts,
+    PromptDraw,
+    StoreCounters,
+    StoreLimits,
+    reused_request_id,
+)
 from tba.domain import (
     AddResult,
     Lease,
     Prompt,
     PutPromptsResult,
+    SampleSource,
     SearcherInfo,
     Trajectory,
     WeightVersion,
@@ -44,8 +52,7 @@ SCRIPTS = (
     "put_prompts",
     "lease_prompts",
     "add_trajectories",
-    "random_prompts",
-    "candidates",
+    "draw_prompts",
     "announce_weights",
     "register_run",
     "freeze_growth",
@@ -160,26 +167,26 @@ class RedisStore:
     async def freeze_growth(self) -> int:
         return int(await self._run("freeze_growth", [self._limits.capacity]))
 
-    async def recent_prompt_ids(self, window: int) -> list[str]:
-        with _unavailable_on_connection_error(self._url):
-            ids: Any = await self._redis.zrevrange(self._key("recent"), 0, window - 1)
-        return [i.decode() for i in ids]
-
-    async def random_prompt_ids(self, uniforms: Sequence[float]) -> list[str]:
-        if not uniforms:
-            return []
-        ids = await self._run("random_prompts", [repr(float(u)) for u in uniforms])
-        return [i.decode() for i in ids]
-
-    async def candidates(self, prompt_ids: Sequence[str]) -> dict[str, list[Candidate]]:
-        if not prompt_ids:
-            return {}
-        reply = await self._run("candidates", list(prompt_ids))
-        found = {}
-        for prompt_id, (ids, metas) in zip(prompt_ids, reply, strict=True):
-            if ids:
-                found[prompt_id] = [_candidate(i, m) for i, m in zip(ids, metas, strict=True)]
-        return found
+    async def draw_prompts(self, draw: PromptDraw) -> DrawnPrompts:
+        args: list[Any] = [draw.window, draw.wanted_recent, len(draw.recent_uniforms)]
+        args += [repr(u) for u in draw.recent_uniforms]
+        args += [len(draw.reward_uniforms), *(repr(u) for u in draw.reward_uniforms)]
+        version, ids, flags, found, blobs = await self._run("draw_prompts", [*args, *draw.exclude])
+        prompt_ids = [i.decode() for i in ids]
+        return DrawnPrompts(
+            latest_version=int(version),
+            sources={
+                p: SampleSource.RECENCY if flag else SampleSource.REWARD
+                for p, flag in zip(prompt_ids, flags, strict=True)
+            },
+            candidates={
+                p: [_candidate(i, m) for i, m in zip(*pair, strict=True)]
+                for p, pair in zip(prompt_ids, found, strict=True)
+            },
+            prompts={
+                p: codec.decode_prompt(p, b) for p, b in zip(prompt_ids, blobs, strict=True) if b
+            },
+        )
 
     async def get_trajectories(self, trajectory_ids: Sequence[int]) -> list[Trajectory]:
         if not trajectory_ids:

@@ -13,8 +13,12 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from tba.buffer.store import Candidate
+from tba.buffer.store import Candidate, PromptDraw
 from tba.domain import SampleSource
+
+# Reward-side uniforms per reward group beyond a few spare: repeats and excluded prompts are
+# skipped, so spare draws avoid another round trip.
+_OVERSAMPLE = 2
 
 
 def plan_sources(
@@ -25,18 +29,62 @@ def plan_sources(
     return [SampleSource.RECENCY if d else SampleSource.REWARD for d in draws]
 
 
-def pick_distinct(
-    pool: Sequence[str], count: int, exclude: Iterable[str], rng: np.random.Generator
-) -> list[str]:
-    """Up to `count` distinct members of `pool` not in `exclude`, uniformly without
-    replacement."""
-    excluded = set(exclude)
-    eligible = list(dict.fromkeys(p for p in pool if p not in excluded))
-    if count >= len(eligible):
-        order = rng.permutation(len(eligible))
-    else:
-        order = rng.choice(len(eligible), size=count, replace=False)
-    return [eligible[i] for i in order]
+def prompt_draw(
+    sources: Sequence[SampleSource], window: int, exclude: Iterable[str], rng: np.random.Generator
+) -> PromptDraw:
+    """What a store needs to choose prompts for `sources`: a uniform per group for the
+    recency side (which takes the reward side's slots it cannot fill) and spare ones for the
+    reward side, whose draws may repeat prompts or hit excluded ones."""
+    wanted_reward = sum(s is SampleSource.REWARD for s in sources)
+    return PromptDraw(
+        window=window,
+        wanted_recent=len(sources) - wanted_reward,
+        recent_uniforms=tuple(rng.random(len(sources)).tolist()),
+        reward_uniforms=tuple(rng.random(_OVERSAMPLE * wanted_reward + 4).tolist()),
+        exclude=frozenset(exclude),
+    )
+
+
+def choose_prompts(
+    window: Sequence[str], ranked: Sequence[str], draw: PromptDraw
+) -> dict[str, SampleSource]:
+    """Distinct prompts for a draw, none excluded, given the `window` (most recently updated
+    first) and the prompts with trajectories by rank. Recency: a uniform pick without
+    replacement from the window; reward: the prompt at rank floor(u * n) for each reward
+    uniform in turn, repeats skipped; slots the reward side leaves go to the window.
+    lua/draw_prompts.lua computes the same choice in Redis."""
+    eligible = [p for p in dict.fromkeys(window) if p not in draw.exclude]
+    recent = uniform_prefix(eligible, draw.recent_uniforms[: draw.wanted_recent])
+    taken = set(draw.exclude) | set(recent)
+    reward: list[str] = []
+    wanted_reward = len(draw.recent_uniforms) - draw.wanted_recent
+    for u in draw.reward_uniforms:
+        if len(reward) >= wanted_reward or not ranked:
+            break
+        prompt_id = ranked[rank_of(u, len(ranked))]
+        if prompt_id not in taken:
+            reward.append(prompt_id)
+            taken.add(prompt_id)
+    spare = draw.recent_uniforms[draw.wanted_recent :][: wanted_reward - len(reward)]
+    recent += uniform_prefix([p for p in eligible if p not in taken], spare)
+    chosen = dict.fromkeys(recent, SampleSource.RECENCY)
+    chosen.update(dict.fromkeys(reward, SampleSource.REWARD))
+    return chosen
+
+
+def uniform_prefix(items: Sequence[str], uniforms: Sequence[float]) -> list[str]:
+    """The first len(uniforms) items of a Fisher-Yates shuffle driven by `uniforms` (fewer
+    when `items` runs out): a uniform draw without replacement. All zeros keep the order."""
+    shuffled = list(items)
+    for i, u in enumerate(uniforms[: len(shuffled)]):
+        j = i + rank_of(u, len(shuffled) - i)
+        shuffled[i], shuffled[j] = shuffled[j], shuffled[i]
+    return shuffled[: len(uniforms)]
+
+
+def rank_of(u: float, n: int) -> int:
+    """floor(u * n) for u in [0, 1), kept within [0, n - 1]."""
+    return min(max(math.floor(u * n), 0), n - 1)
 
 
 def min_version_allowed(latest_version: int, max_age_versions: int | None) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 from tba.buffer import codec, sampling, validation, waiting
 from tba.buffer.config import BufferSettings
 from tba.buffer.history import Evaluation, HistoryPoint, buffer_point
-from tba.buffer.store import BufferStore
+from tba.buffer.store import BufferStore, DrawnPrompts
 from tba.domain import (
     AddResult,
     Batch,
@@ -34,9 +34,6 @@ from tba.domain import (
 from tba.errors import FailedPreconditionError, InvalidArgumentError
 from tba.runs import Run, RunIdentity, check_joins, check_registers
 
-# Extra random draws per missing reward-priority group: repeats and already chosen
-# prompts are skipped, so a few spare draws avoid a second round trip.
-_OVERSAMPLE = 2
 _TOP_UP_ROUNDS = 3
 log = logging.getLogger(__name__)
 
@@ -171,64 +168,39 @@ class BufferService:
 
     async def _draw(self, spec: SampleSpec, rng: np.random.Generator) -> tuple[Batch, int]:
         """Up to B groups by reward and recency, and the oldest policy version it allowed."""
-        # One recency window for every top-up round, fetched beside the version: each round
-        # trip waits behind the adds' scripts in Redis, so fewer of them in a row count.
-        latest, window = await asyncio.gather(
-            self.store.latest_weights(), self.store.recent_prompt_ids(self.settings.recency_window)
-        )
-        latest_version = latest.version if latest else 0
-        min_version = sampling.min_version_allowed(latest_version, spec.max_age_versions)
+        sources = sampling.plan_sources(spec.num_prompts, spec.recency_probability, rng)
         chosen: dict[str, SampleSource] = {}
         selected: dict[str, list[int]] = {}
-        sources = sampling.plan_sources(spec.num_prompts, spec.recency_probability, rng)
+        prompts: dict[str, Prompt] = {}
+        latest_version: int | None = None
+        min_version, window = 0, self.settings.recency_window
+        # A round chooses prompts and reads their candidates in one round trip (each one waits
+        # behind the adds' scripts in Redis); another round tops up groups that fell short.
         for _ in range(_TOP_UP_ROUNDS):
             missing = sources[len(selected) :]
             if not missing:
                 break
-            fresh = await self._choose_prompts(missing, window, set(chosen), rng)
-            if not fresh:
+            draw = sampling.prompt_draw(missing, window, chosen, rng)
+            drawn = await self.store.draw_prompts(draw)
+            if latest_version is None:
+                latest_version = drawn.latest_version
+                min_version = sampling.min_version_allowed(latest_version, spec.max_age_versions)
+            if not drawn.sources:
                 break
-            chosen.update(fresh)
-            selected.update(await self._select(fresh, spec, min_version, rng))
-        groups = await self._load_groups(selected, chosen)
-        return Batch(groups=groups, latest_version=latest_version), min_version
+            chosen.update(drawn.sources)
+            prompts.update(drawn.prompts)
+            selected.update(self._select(drawn, spec, min_version, rng))
+        trajectories = await self.store.get_trajectories([i for v in selected.values() for i in v])
+        groups = _groups(selected, chosen, prompts, trajectories)
+        return Batch(groups=groups, latest_version=latest_version or 0), min_version
 
-    async def _choose_prompts(
-        self,
-        sources: list[SampleSource],
-        window: list[str],
-        exclude: set[str],
-        rng: np.random.Generator,
-    ) -> dict[str, SampleSource]:
-        """Distinct prompts for the given sources; a source short of prompts (the recency
-        `window`, or a small buffer) passes its slots to the other."""
-        wanted_recent = sources.count(SampleSource.RECENCY)
-        recent = sampling.pick_distinct(window, wanted_recent, exclude, rng)
-        wanted_reward = len(sources) - len(recent)
-        uniforms = rng.random(_OVERSAMPLE * wanted_reward + 4).tolist()
-        drawn = await self.store.random_prompt_ids(uniforms)
-        reward = sampling.pick_distinct(drawn, wanted_reward, exclude | set(recent), rng)
-        if len(recent) + len(reward) < len(sources):
-            spare = len(sources) - len(recent) - len(reward)
-            recent += sampling.pick_distinct(
-                window, spare, exclude | set(recent) | set(reward), rng
-            )
-        chosen = dict.fromkeys(recent, SampleSource.RECENCY)
-        chosen.update(dict.fromkeys(reward, SampleSource.REWARD))
-        return chosen
-
-    async def _select(
-        self,
-        prompts: dict[str, SampleSource],
-        spec: SampleSpec,
-        min_version: int,
-        rng: np.random.Generator,
+    def _select(
+        self, drawn: DrawnPrompts, spec: SampleSpec, min_version: int, rng: np.random.Generator
     ) -> dict[str, list[int]]:
-        candidates = await self.store.candidates(list(prompts))
         selected = {}
-        for prompt_id, source in prompts.items():
+        for prompt_id, source in drawn.sources.items():
             ids = sampling.select_completions(
-                candidates.get(prompt_id, []),
+                drawn.candidates.get(prompt_id, []),
                 spec.samples_per_prompt,
                 source,
                 spec.reward_temperature,
@@ -238,21 +210,6 @@ class BufferService:
             if len(ids) >= spec.min_samples_per_prompt:
                 selected[prompt_id] = ids
         return selected
-
-    async def _load_groups(
-        self, selected: dict[str, list[int]], sources: dict[str, SampleSource]
-    ) -> list[PromptGroup]:
-        wanted = [i for ids in selected.values() for i in ids]
-        stored, prompts = await asyncio.gather(
-            self.store.get_trajectories(wanted), self.store.get_prompts(list(selected))
-        )
-        by_id = {t.id: t for t in stored}
-        groups = []
-        for prompt_id, ids in selected.items():
-            trajectories = [by_id[i] for i in ids if i in by_id]
-            if trajectories and prompt_id in prompts:
-                groups.append(PromptGroup(prompts[prompt_id], trajectories, sources[prompt_id]))
-        return groups
 
     async def stats(self) -> BufferStats:
         counters = await self.store.counters(self._clock())
@@ -382,6 +339,23 @@ class BufferService:
     async def check_store(self) -> None:
         """Returns once the store has answered a read; UnavailableError while it cannot."""
         await self.store.latest_weights()
+
+
+def _groups(
+    selected: dict[str, list[int]],
+    sources: dict[str, SampleSource],
+    prompts: dict[str, Prompt],
+    stored: list[Trajectory],
+) -> list[PromptGroup]:
+    """The groups whose prompt and trajectories are still there (an add may evict between
+    a draw's round trips), in the order chosen."""
+    by_id = {t.id: t for t in stored}
+    groups = []
+    for prompt_id, ids in selected.items():
+        trajectories = [by_id[i] for i in ids if i in by_id]
+        if trajectories and prompt_id in prompts:
+            groups.append(PromptGroup(prompts[prompt_id], trajectories, sources[prompt_id]))
+    return groups
 
 
 def growth_freeze_due(trainer_step: int, freeze_after_step: int) -> bool:

@@ -3,7 +3,10 @@
 `RedisStore` (persistent).
 
 Stores own state and atomicity; the sampling maths live in `tba.buffer.sampling` and the
-validation in `tba.buffer.service`, so both stores behave the same by construction.
+validation in `tba.buffer.service`, so both stores behave the same by construction. The one
+exception is the choice of a draw's prompts from the caller's uniforms, which Redis makes in
+the same round trip that reads their candidates (lua/draw_prompts.lua mirrors
+`sampling.choose_prompts`; tests/integration/test_store_equivalence.py holds them together).
 Every method is O(size of its arguments) or O(per-prompt history), never O(buffer size).
 """
 
@@ -19,6 +22,7 @@ from tba.domain import (
     Lease,
     Prompt,
     PutPromptsResult,
+    SampleSource,
     SearcherInfo,
     Trajectory,
     WeightVersion,
@@ -34,6 +38,30 @@ class Candidate:
     trajectory_id: int
     reward: float
     policy_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class PromptDraw:
+    """One round of a draw's prompt choice (`sampling.choose_prompts`): up to
+    len(recent_uniforms) distinct prompts, `wanted_recent` of them among the `window` most
+    recently updated, the rest by rank, none in `exclude`."""
+
+    window: int
+    wanted_recent: int
+    recent_uniforms: tuple[float, ...]
+    reward_uniforms: tuple[float, ...]
+    exclude: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class DrawnPrompts:
+    """A round's prompts, each with its source, its stored trajectories (oldest first) and
+    the prompt itself, and the newest announced weight version (0 before any)."""
+
+    latest_version: int
+    sources: dict[str, SampleSource]
+    candidates: dict[str, list[Candidate]]
+    prompts: dict[str, Prompt]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,17 +144,10 @@ class BufferStore(Protocol):
         across restarts). Returns the cap."""
         ...
 
-    async def recent_prompt_ids(self, window: int) -> list[str]:
-        """Up to `window` prompts with the most recently added trajectories, newest first."""
-        ...
-
-    async def random_prompt_ids(self, uniforms: Sequence[float]) -> list[str]:
-        """For each u in [0, 1), the prompt at rank floor(u * n) among the n prompts that
-        have trajectories (so the caller's seeded RNG decides). May repeat prompts."""
-        ...
-
-    async def candidates(self, prompt_ids: Sequence[str]) -> dict[str, list[Candidate]]:
-        """Each prompt's stored trajectories, oldest first."""
+    async def draw_prompts(self, draw: PromptDraw) -> DrawnPrompts:
+        """The prompts `sampling.choose_prompts` picks for `draw` among those with
+        trajectories (the window: newest trajectory first; ranks: by prompt id), read with
+        their candidates and the latest weight version in one consistent view."""
         ...
 
     async def get_trajectories(self, trajectory_ids: Sequence[int]) -> list[Trajectory]:

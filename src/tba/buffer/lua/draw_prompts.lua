@@ -1,0 +1,85 @@
+-- ARGV: window, wanted_recent, R, R recency uniforms, P, P reward uniforms, excluded ids.
+-- Chooses a draw's prompts as sampling.choose_prompts does, in one round trip with what the
+-- draw reads next. Returns {latest weight version, {prompt ids}, {1 recency / 0 reward per
+-- prompt}, {{trajectory ids, oldest first}, {their meta}} per prompt, {prompt blobs}}.
+local function rank_of(u, n)
+  return math.min(math.max(math.floor(tonumber(u) * n), 0), n - 1)
+end
+
+-- The first `count` items of a Fisher-Yates shuffle driven by ARGV[first], ARGV[first + 1]...
+local function uniform_prefix(items, first, count)
+  local shuffled = {}
+  for i, item in ipairs(items) do
+    shuffled[i] = item
+  end
+  local picked = {}
+  for i = 1, math.min(count, #shuffled) do
+    local j = i + rank_of(ARGV[first + i - 1], #shuffled - i + 1)
+    shuffled[i], shuffled[j] = shuffled[j], shuffled[i]
+    picked[i] = shuffled[i]
+  end
+  return picked
+end
+
+local wanted_recent, n_recent = tonumber(ARGV[2]), tonumber(ARGV[3])
+local wanted_reward = n_recent - wanted_recent
+local reward_at = 5 + n_recent
+local n_reward = tonumber(ARGV[reward_at - 1])
+local taken = {}
+for i = reward_at + n_reward, #ARGV do
+  taken[ARGV[i]] = true
+end
+local window = {}
+if tonumber(ARGV[1]) > 0 then
+  for _, prompt_id in ipairs(redis.call('ZREVRANGE', key('recent'), 0, int(ARGV[1] - 1))) do
+    if not taken[prompt_id] then
+      window[#window + 1] = prompt_id
+    end
+  end
+end
+
+local recent = uniform_prefix(window, 4, math.min(wanted_recent, n_recent))
+for _, prompt_id in ipairs(recent) do
+  taken[prompt_id] = true
+end
+local reward = {}
+local n = redis.call('ZCARD', key('ranked'))
+for i = reward_at, reward_at + n_reward - 1 do
+  if #reward >= wanted_reward or n == 0 then
+    break
+  end
+  local rank = int(rank_of(ARGV[i], n))
+  local prompt_id = redis.call('ZRANGE', key('ranked'), rank, rank)[1]
+  if not taken[prompt_id] then
+    reward[#reward + 1] = prompt_id
+    taken[prompt_id] = true
+  end
+end
+local rest = {}
+for _, prompt_id in ipairs(window) do
+  if not taken[prompt_id] then
+    rest[#rest + 1] = prompt_id
+  end
+end
+
+local ids, flags, found, blobs = {}, {}, {}, {}
+local function choose(prompt_id, flag)
+  local history = redis.call('ZRANGE', key('h:' .. prompt_id), 0, -1)
+  local metas = {}
+  for j, id in ipairs(history) do
+    metas[j] = redis.call('HGET', key('meta'), id)
+  end
+  ids[#ids + 1] = prompt_id
+  flags[#ids], found[#ids] = flag, {history, metas}
+  blobs[#ids] = redis.call('HGET', key('prompts'), prompt_id)
+end
+for _, prompt_id in ipairs(recent) do
+  choose(prompt_id, 1)
+end
+for _, prompt_id in ipairs(uniform_prefix(rest, 4 + wanted_recent, wanted_reward - #reward)) do
+  choose(prompt_id, 1)
+end
+for _, prompt_id in ipairs(reward) do
+  choose(prompt_id, 0)
+end
+return {redis.call('HGET', key('weights'), 'version') or '0', ids, flags, found, blobs}
