@@ -402,6 +402,36 @@ def test_recent_prompts_are_ordered_by_newest_trajectory(make_store: MakeStore) 
     run(make_store, scenario)
 
 
+def test_recency_puts_the_newest_policy_version_first(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a", "b", "c", "d")
+        await add(store, trajectory("a", (1,), policy_version=2), trajectory("b", (1,)))
+        # Older versions, added later (a searcher that leased before the last publish), stay
+        # behind; among equal versions the newest add comes first.
+        await add(store, trajectory("c", (1,), policy_version=1), trajectory("d", (1,)))
+        assert await recent_prompt_ids(store, 10) == ["a", "c", "d", "b"]
+        # A prompt moves up only: an older version's completion leaves it where it was.
+        await add(
+            store, trajectory("a", (2,), policy_version=0), trajectory("b", (2,), policy_version=3)
+        )
+        assert await recent_prompt_ids(store, 10) == ["b", "a", "c", "d"]
+
+    run(make_store, scenario)
+
+
+def test_a_prompt_whose_completions_all_went_takes_its_new_place(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a", "b")
+        await add(store, trajectory("a", (1,), policy_version=5), trajectory("b", (1,), 0.0, 1))
+        assert await recent_prompt_ids(store, 10) == ["a", "b"]
+        # The same completion at version 0 replaces a's only one (de-duplication).
+        assert await add(store, trajectory("a", (1,), policy_version=0)) == AddResult(1, 1, 0)
+        assert await ids_of(store, "a") == [3]
+        assert await recent_prompt_ids(store, 10) == ["b", "a"]
+
+    run(make_store, scenario)
+
+
 def test_reward_prompts_are_chosen_by_rank_without_repeats(make_store: MakeStore) -> None:
     async def scenario(store: BufferStore) -> None:
         await put(store, "b", "a", "c", "z")

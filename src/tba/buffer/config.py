@@ -54,7 +54,9 @@ class BufferSettings(Section):
         64,
         ge=1,
         le=100_000,
-        description="Recency sampling draws among this many most recently updated prompts.",
+        description="Recency sampling draws among this many prompts: those whose newest "
+        "completions come from the newest policy versions (among equals, the most recently "
+        "added).",
     )
     lease_s: float = Field(
         120.0, gt=0, le=86_400, description="Default lease on prompts taken by a searcher."

@@ -112,7 +112,9 @@ class _Trajectories:
         self.by_id: OrderedDict[int, _Stored] = OrderedDict()  # id order: oldest first
         self.history: dict[str, OrderedDict[int, None]] = {}
         self._digests: dict[str, dict[str, int]] = {}
-        self.recent: OrderedDict[str, None] = OrderedDict()  # by newest trajectory id
+        # (newest policy version, newest id, prompt id): the recency window's order
+        self.recency = SortedList()
+        self.recency_of: dict[str, tuple[int, int]] = {}
         self.ranked = SortedList()
         self.per_version: dict[int, int] = {}
         self.histogram = [0] * (len(limits.reward_histogram_edges) - 1)
@@ -158,12 +160,20 @@ class _Trajectories:
             self._digests.setdefault(t.prompt_id, {})[digest] = t.id
         if len(history) == 1:
             self.ranked.add(t.prompt_id)
-        self.recent[t.prompt_id] = None
-        self.recent.move_to_end(t.prompt_id)
+        self._move_up(t.prompt_id, (t.policy_version, t.id))
         version = t.policy_version
         self.per_version[version] = self.per_version.get(version, 0) + 1
         self.histogram[stored.bin] += 1
         self.reward_sum += t.reward
+
+    def _move_up(self, prompt_id: str, newest: tuple[int, int]) -> None:
+        """A prompt moves up the recency window only, as in add_trajectories.lua."""
+        kept = self.recency_of.get(prompt_id)
+        if kept is None or newest > kept:
+            if kept is not None:
+                self.recency.remove((*kept, prompt_id))
+            self.recency.add((*newest, prompt_id))
+            self.recency_of[prompt_id] = newest
 
     def _remove(self, trajectory_id: int) -> None:
         stored = self.by_id.pop(trajectory_id)
@@ -181,7 +191,7 @@ class _Trajectories:
         if not history:
             del self.history[t.prompt_id]
             self._digests.pop(t.prompt_id, None)
-            del self.recent[t.prompt_id]
+            self.recency.remove((*self.recency_of.pop(t.prompt_id), t.prompt_id))
             self.ranked.remove(t.prompt_id)
 
 
@@ -294,7 +304,7 @@ class MemoryStore:
 
     async def draw_prompts(self, draw: PromptDraw) -> DrawnPrompts:
         store = self._store
-        window = list(itertools.islice(reversed(store.recent), draw.window))
+        window = [p for *_, p in itertools.islice(reversed(store.recency), draw.window)]
         sources = sampling.choose_prompts(window, store.ranked, draw)
         return DrawnPrompts(
             latest_version=self._weights.version if self._weights else 0,

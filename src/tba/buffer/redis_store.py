@@ -6,8 +6,11 @@ one round trip. Scripts receive `now` from here, so replaying the AOF is determi
 Keys live under `{key_prefix}:`; per trajectory there is one blob field and one meta field
 ("version bin reward digest prompt_id"), not a key. A prompt has a history ZSET (`h:`) and,
 with dedup, a digest HASH (`d:`). Prompt-level indexes: `pool` (by available-at ms),
-`recent` (by newest trajectory id), `oldest` (by oldest id: global eviction), `ranked`
-(score 0, by id: random access by rank). `state` holds counters and, once growth is
+`recency` (score 0, members "version:id:prompt" in fixed-width digits: by each prompt's newest
+policy version, then newest id; `recency_of` holds each prompt's "version:id:"), `oldest` (by
+oldest id: global eviction), `ranked` (score 0, by id: random access by rank). A buffer
+written before `recency` (its `recent` ZSET by id alone is no longer read) fills its
+recency window again as prompts get new completions. `state` holds counters and, once growth is
 frozen, `frozen_capacity`. The history is a ZSET of JSON points by time
 (`history`), trimmed by time and count in the same MULTI as each append.
 """

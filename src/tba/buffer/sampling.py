@@ -1,9 +1,9 @@
 """The sampling maths of DESIGN.md section 2, pure and seeded.
 
 A batch is B prompt groups. Each group is drawn, with probability m, by *recency* (a prompt
-among the most recently updated ones, and its K newest completions) and otherwise by *reward
-priority* (any prompt, and K of its completions drawn without replacement with probability
-softmax(reward / tau); tau = inf is uniform).
+among those with completions of the newest policy versions, and its K newest completions)
+and otherwise by *reward priority* (any prompt, and K of its completions drawn without
+replacement with probability softmax(reward / tau); tau = inf is uniform).
 """
 
 from __future__ import annotations
@@ -48,10 +48,11 @@ def prompt_draw(
 def choose_prompts(
     window: Sequence[str], ranked: Sequence[str], draw: PromptDraw
 ) -> dict[str, SampleSource]:
-    """Distinct prompts for a draw, none excluded, given the `window` (most recently updated
-    first) and the prompts with trajectories by rank. Recency: a uniform pick without
-    replacement from the window; reward: the prompt at rank floor(u * n) for each reward
-    uniform in turn, repeats skipped; slots the reward side leaves go to the window.
+    """Distinct prompts for a draw, none excluded, given the `window` (by newest policy
+    version, then newest trajectory) and the prompts with trajectories by rank. Recency: a
+    uniform pick without replacement from the window; reward: the prompt at rank
+    floor(u * n) for each reward uniform in turn, repeats skipped; slots the reward side
+    leaves go to the window.
     lua/draw_prompts.lua computes the same choice in Redis."""
     eligible = [p for p in dict.fromkeys(window) if p not in draw.exclude]
     recent = uniform_prefix(eligible, draw.recent_uniforms[: draw.wanted_recent])

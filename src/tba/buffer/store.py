@@ -43,8 +43,8 @@ class Candidate:
 @dataclass(frozen=True, slots=True)
 class PromptDraw:
     """One round of a draw's prompt choice (`sampling.choose_prompts`): up to
-    len(recent_uniforms) distinct prompts, `wanted_recent` of them among the `window` most
-    recently updated, the rest by rank, none in `exclude`."""
+    len(recent_uniforms) distinct prompts, `wanted_recent` of them among the `window` first in
+    the recency order, the rest by rank, none in `exclude`."""
 
     window: int
     wanted_recent: int
@@ -146,7 +146,8 @@ class BufferStore(Protocol):
 
     async def draw_prompts(self, draw: PromptDraw) -> DrawnPrompts:
         """The prompts `sampling.choose_prompts` picks for `draw` among those with
-        trajectories (the window: newest trajectory first; ranks: by prompt id), read with
+        trajectories (the window: by each prompt's newest policy version, then its newest
+        trajectory id, a prompt moving up only; ranks: by prompt id), read with
         their candidates and the latest weight version in one consistent view."""
         ...
 

@@ -42,7 +42,7 @@ local reward_sum = tonumber(redis.call('HGET', key('state'), 'reward_sum') or '0
 local replaced, evicted = 0, 0
 -- Redis time per command dominates a script's cost, so what many trajectories of the batch
 -- would write one by one is kept here and written once at the end: the new trajectories' blob
--- and meta fields, the deleted ones, the per-version and per-bin counts, the recency scores.
+-- and meta fields, the deleted ones, the per-version and per-bin counts, the recency keys.
 -- Reads go through these first, so each step sees what the one-by-one order would have seen.
 local new_blob, new_meta, deleted = {}, {}, {}
 local version_delta, bin_delta, newest_of = {}, {}, {}
@@ -62,6 +62,20 @@ end
 
 local function count_in(deltas, field, by)
   deltas[field] = (deltas[field] or 0) + by
+end
+
+-- A prompt's place in the recency window: its newest policy version, then its newest id, as
+-- fixed-width digits, so that `recency` (all scores 0) orders its members by them.
+local function recency_key(version, id)
+  return string.format('%012d:%020d:', tonumber(version), tonumber(id))
+end
+
+local function forget_recency(prompt_id)
+  local kept = redis.call('HGET', key('recency_of'), prompt_id)
+  if kept then
+    redis.call('ZREM', key('recency'), kept .. prompt_id)
+    redis.call('HDEL', key('recency_of'), prompt_id)
+  end
 end
 
 -- `next_first`: the history's oldest id once `id` is gone, when the caller read it already.
@@ -90,8 +104,8 @@ local function remove(id, next_first)
     redis.call('ZADD', key('oldest'), first, prompt_id)
   else
     newest_of[prompt_id] = nil
+    forget_recency(prompt_id)
     redis.call('DEL', digests)
-    redis.call('ZREM', key('recent'), prompt_id)
     redis.call('ZREM', key('oldest'), prompt_id)
     redis.call('ZREM', key('ranked'), prompt_id)
   end
@@ -116,7 +130,10 @@ local function insert(id, blob, meta)
     redis.call('ZADD', key('ranked'), 0, prompt_id)
     redis.call('ZADD', key('oldest'), id, prompt_id)
   end
-  newest_of[prompt_id] = id
+  local newest = recency_key(version, id)
+  if not newest_of[prompt_id] or newest > newest_of[prompt_id] then
+    newest_of[prompt_id] = newest
+  end
   count_in(version_delta, version, 1)
   count_in(bin_delta, bin, 1)
   reward_sum = reward_sum + tonumber(reward)
@@ -154,20 +171,32 @@ local function push_pair(list, first, second)
   list[#list + 1] = second
 end
 
+-- A prompt moves up the recency window only: completions of an older version than its newest
+-- leave it where it is.
+local function write_recency()
+  for prompt_id, newest in pairs(newest_of) do
+    local kept = redis.call('HGET', key('recency_of'), prompt_id)
+    if not kept or newest > kept then
+      if kept then
+        redis.call('ZREM', key('recency'), kept .. prompt_id)
+      end
+      redis.call('ZADD', key('recency'), 0, newest .. prompt_id)
+      redis.call('HSET', key('recency_of'), prompt_id, newest)
+    end
+  end
+end
+
 local function write_pending()
-  local blobs, metas, recent = {}, {}, {}
+  local blobs, metas = {}, {}
   for id, meta in pairs(new_meta) do
     push_pair(blobs, id, new_blob[id])
     push_pair(metas, id, meta)
-  end
-  for prompt_id, id in pairs(newest_of) do
-    push_pair(recent, id, prompt_id)
   end
   call_chunked('HSET', key('blob'), blobs)
   call_chunked('HSET', key('meta'), metas)
   call_chunked('HDEL', key('blob'), deleted)
   call_chunked('HDEL', key('meta'), deleted)
-  call_chunked('ZADD', key('recent'), recent)
+  write_recency()
   for version, delta in pairs(version_delta) do
     if delta ~= 0 and redis.call('HINCRBY', key('versions'), version, delta) <= 0 then
       redis.call('HDEL', key('versions'), version)

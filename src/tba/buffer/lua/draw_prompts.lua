@@ -29,9 +29,12 @@ local taken = {}
 for i = reward_at + n_reward, #ARGV do
   taken[ARGV[i]] = true
 end
+-- The window: prompts by newest policy version, then newest id (add_trajectories.lua's
+-- recency keys, 34 characters before the prompt id).
 local window = {}
 if tonumber(ARGV[1]) > 0 then
-  for _, prompt_id in ipairs(redis.call('ZREVRANGE', key('recent'), 0, int(ARGV[1] - 1))) do
+  for _, member in ipairs(redis.call('ZREVRANGE', key('recency'), 0, int(ARGV[1] - 1))) do
+    local prompt_id = string.sub(member, 35)
     if not taken[prompt_id] then
       window[#window + 1] = prompt_id
     end
