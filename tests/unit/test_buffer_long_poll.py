@@ -12,6 +12,7 @@ from tba.buffer.config import BufferSettings
 from tba.buffer.memory_store import MemoryStore
 from tba.buffer.server import store_limits
 from tba.buffer.service import BufferService
+from tba.buffer.store import DrawnPrompts, PromptDraw
 from tba.buffer.waiting import VersionWatch
 from tba.domain import Prompt, SampleSpec, WeightVersion
 from tba.errors import InvalidArgumentError
@@ -108,10 +109,54 @@ def test_bad_long_polls_are_refused(min_groups, wait_s):
 def test_an_add_wakes_only_the_waiters_whose_versions_it_reaches():
     async def scenario() -> None:
         fresh = VersionWatch()
-        with fresh.watch(4) as new_enough, fresh.watch(2) as older_ok:
+        with fresh.watch() as new_enough, fresh.watch() as older_ok:
+            assert not new_enough.expect(4) and not older_ok.expect(2)
             fresh.reached(3)
-            assert older_ok.is_set() and not new_enough.is_set()
+            assert older_ok.event.is_set() and not new_enough.event.is_set()
             fresh.reached(4)
-            assert new_enough.is_set()
+            assert new_enough.event.is_set()
+
+    asyncio.run(scenario())
+
+
+def test_a_version_reached_during_an_attempt_counts_once_the_attempt_says_it_could_use_it():
+    async def scenario() -> None:
+        fresh = VersionWatch()
+        with fresh.watch() as waiter:
+            waiter.arm()
+            fresh.reached(3)  # while the attempt runs, before it knows what it needs
+            assert not waiter.event.is_set()
+            assert waiter.expect(3) and not waiter.expect(4)
+            waiter.arm()
+            assert not waiter.expect(0)
+
+    asyncio.run(scenario())
+
+
+class CountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__(store_limits(BufferSettings()))
+        self.draws = 0
+
+    async def draw_prompts(self, draw: PromptDraw) -> DrawnPrompts:
+        self.draws += 1
+        return await super().draw_prompts(draw)
+
+
+def test_adds_of_versions_the_first_draw_cannot_use_do_not_draw_again():
+    async def scenario() -> None:
+        store = CountingStore()
+        service = _service(store, sample_recheck_s=30.0)
+        await service.put_prompts([Prompt("a", "q"), Prompt("b", "q")])
+        await service.announce_weights(WeightVersion(5, "file:///w/5", SHA, 10, time.time()))
+        poll = asyncio.create_task(service.sample(_long_poll(1, 5.0, max_age_versions=1)))
+        await asyncio.sleep(0.05)
+        first = store.draws
+        await _add(service, "a", version=2)  # older than the one-version bound allows
+        await asyncio.sleep(0.05)
+        assert store.draws == first and not poll.done()
+        await _add(service, "b", version=4)
+        batch = await asyncio.wait_for(poll, 5.0)
+        assert [g.prompt.id for g in batch.groups] == ["b"]
 
     asyncio.run(scenario())

@@ -304,7 +304,7 @@ class BufferService:
             return latest, latest is not None and latest.version > newer_than, newer_than + 1
 
         recheck_s = self.settings.sample_recheck_s
-        return await waiting.long_poll(self._announced, read, wait_s, recheck_s, newer_than + 1)
+        return await waiting.long_poll(self._announced, read, wait_s, recheck_s)
 
     async def register_run(self, run: Run) -> Run:
         """Registers the trainer's run, or accepts it again when the buffer holds it (a

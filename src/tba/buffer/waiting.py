@@ -6,6 +6,7 @@ its announcement (a searcher waiting for the trainer's next version learns of it
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
@@ -14,33 +15,53 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-class VersionWatch:
-    """Wakes waiters when this process sees a version they wait for: a waiter names the oldest
-    version it accepts; `reached` is told the newest version an add stored (completions of
-    that policy version), or one announced. Versions another process on the same store served
-    wake nobody here, so each wait is also bounded."""
+class Waiter:
+    """One long poll's watch: the newest version reached since it was armed, and an event set
+    by the first version reached that is at least `min_version` (unknown while an attempt
+    runs: the attempt says which versions could change its answer)."""
 
     def __init__(self) -> None:
-        self._waiters: dict[asyncio.Event, int] = {}
+        self.event = asyncio.Event()
+        self.newest = -1
+        self.min_version = math.inf
+
+    def arm(self) -> None:
+        """Before an attempt: forget what was reached before it."""
+        self.event.clear()
+        self.newest, self.min_version = -1, math.inf
+
+    def expect(self, min_version: int) -> bool:
+        """After an attempt that did not answer: whether a version it could use was reached
+        while it ran; if not, the event is set by the first one reached from now."""
+        self.min_version = min_version
+        return self.newest >= min_version
+
+
+class VersionWatch:
+    """Wakes waiters when this process sees a version they wait for: `reached` is told the
+    newest version an add stored (completions of that policy version), or one announced.
+    Versions another process on the same store served wake nobody here, so each wait is also
+    bounded."""
+
+    def __init__(self) -> None:
+        self._waiters: set[Waiter] = set()
 
     def reached(self, newest_version: int) -> None:
         """This process stored or announced versions up to `newest_version`."""
-        for event, min_version in list(self._waiters.items()):
-            if newest_version >= min_version:
-                event.set()
-                del self._waiters[event]
+        for waiter in self._waiters:
+            waiter.newest = max(waiter.newest, newest_version)
+            if newest_version >= waiter.min_version:
+                waiter.event.set()
 
     @contextmanager
-    def watch(self, min_version: int) -> Iterator[asyncio.Event]:
-        """An event set by the first version of `min_version` or newer reached while the
-        block runs: entered before reading the store, so one reached meanwhile is not
-        missed."""
-        event = asyncio.Event()
-        self._waiters[event] = min_version
+    def watch(self) -> Iterator[Waiter]:
+        """A waiter told of every version reached while the block runs."""
+        waiter = Waiter()
+        self._waiters.add(waiter)
         try:
-            yield event
+            yield waiter
         finally:
-            self._waiters.pop(event, None)
+            self._waiters.discard(waiter)
 
 
 async def wait_for(event: asyncio.Event, timeout_s: float) -> None:
@@ -54,23 +75,24 @@ async def long_poll(
     attempt: Callable[[], Awaitable[tuple[T, bool, int]]],
     wait_s: float,
     recheck_s: float,
-    first_min_version: int = 0,
 ) -> tuple[T, float]:
     """Runs `attempt` (its result, whether it is the answer, and the oldest version that
     could change it) until it answers or `wait_s` has passed, waiting in between for `watch`
     to reach that version, at most `recheck_s` at a time (versions another process served
     wake nobody here). The last result, and the seconds before the attempt it came from."""
     first_began_s = began_s = time.monotonic()
-    min_version = first_min_version
-    while True:
-        # Watched from before the attempt: a version reached during it ends the wait at once.
-        with watch.watch(min_version) as reached:
+    with watch.watch() as waiter:
+        while True:
+            # Armed before the attempt, so a usable version reached during it is not missed,
+            # and judged after it: versions it cannot use (older than it allows) wake nobody.
+            waiter.arm()
             result, answered, min_version = await attempt()
             left_s = first_began_s + wait_s - time.monotonic()
             if answered or left_s <= 0:
                 return result, began_s - first_began_s
-            await wait_for(reached, min(left_s, recheck_s))
-        began_s = time.monotonic()
+            if not waiter.expect(min_version):
+                await wait_for(waiter.event, min(left_s, recheck_s))
+            began_s = time.monotonic()
 
 
 class DrawGate:
