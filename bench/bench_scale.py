@@ -213,8 +213,10 @@ def train_against(
 ) -> ScaleResult:
     """The demo's trainer for `steps` steps while `searchers` simulated searchers post; the
     servers' CPU (`pids`) measured over the trainer's run."""
+    from tba.models.loading import quiet_progress_bars
     from tba.trainer.main import build_loop
 
+    quiet_progress_bars()  # as `tba trainer run` does: a bar per published version otherwise
     with BufferClient(BufferClientSettings(address=service.address)) as client:
         tokens = put_prompts(client)
     loop = build_loop(trainer_settings(root, service.address, steps))  # registers the run

@@ -1,5 +1,6 @@
 """`[buffer] adds_in_flight`: the service works on at most that many AddTrajectories calls at
-once; the others wait their turn, before any of their work, and none is lost."""
+once; the others wait their turn, before any of their work, the newest policy version first
+unless one has waited `adds_fresh_first_max_wait_s`, and none is lost."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from tba.buffer.memory_store import MemoryStore
 from tba.buffer.server import store_limits
 from tba.buffer.service import BufferService
 from tba.buffer.store import DrawnPrompts, PromptDraw
+from tba.buffer.waiting import FreshFirstSlots
 from tba.domain import AddResult, Prompt, SampleSpec
 from tests.fixtures.data import trajectory
 
@@ -53,6 +55,118 @@ def test_adds_beyond_the_slots_wait_their_turn_and_all_are_stored():
         assert store.most_held == 2
         assert [r.accepted for r in results] == [1] * 5
         assert (await service.stats()).trajectories == 5
+
+    asyncio.run(scenario())
+
+
+class OrderStore(HeldStore):
+    """Holds adds as HeldStore does and keeps the versions in the order they came to store."""
+
+    def __init__(self, settings: BufferSettings) -> None:
+        super().__init__(settings)
+        self.versions: list[int] = []
+
+    async def add_trajectories(self, trajectories: Any, *args: Any, **kwargs: Any) -> AddResult:
+        self.versions.append(trajectories[0].policy_version)
+        return await super().add_trajectories(trajectories, *args, **kwargs)
+
+
+def test_waiting_adds_store_newest_policy_version_first_and_in_arrival_order_among_equals():
+    async def scenario() -> None:
+        settings = BufferSettings(adds_in_flight=1)
+        store = OrderStore(settings)
+        service = BufferService(store, settings)
+        await service.put_prompts([Prompt("a", "question")])
+        adds = []
+        for c, version in enumerate((0, 1, 3, 2, 3)):
+            batch = [trajectory("a", (c,), policy_version=version)]
+            adds.append(
+                asyncio.create_task(
+                    service.add_trajectories(
+                        batch, request_id=f"r{c}", searcher_id="s1", lease_id=""
+                    )
+                )
+            )
+            await asyncio.sleep(0.01)  # arrive in this order
+        store.release.set()
+        results = await asyncio.gather(*adds)
+        assert store.versions == [0, 3, 3, 2, 1]
+        assert [r.accepted for r in results] == [1] * 5
+
+    asyncio.run(scenario())
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+async def taken_order(slots: FreshFirstSlots, versions: list[int], clock: Clock) -> list[int]:
+    """The versions in the order `slots` (all held by one holder) grants them, each arriving
+    a second after the one before."""
+    order: list[int] = []
+    held = asyncio.Event()
+
+    async def hold(version: int) -> None:
+        async with slots.slot(version):
+            order.append(version)
+            await held.wait()
+
+    tasks = []
+    for version in versions:
+        tasks.append(asyncio.create_task(hold(version)))
+        await asyncio.sleep(0)
+        clock.now_s += 1.0
+    held.set()
+    await asyncio.gather(*tasks)
+    return order
+
+
+def test_an_add_that_waited_the_longest_allowed_goes_before_newer_versions():
+    clock = Clock()
+    slots = FreshFirstSlots(1, max_wait_s=2.5, clock=clock)
+    # 0 holds the slot; 1 arrived at 1 s and has waited 3 s at the release: it goes first.
+    assert asyncio.run(taken_order(slots, [0, 1, 5, 4], clock)) == [0, 1, 5, 4]
+    slots = FreshFirstSlots(1, max_wait_s=5.0, clock=clock)
+    assert asyncio.run(taken_order(slots, [0, 1, 5, 4], clock)) == [0, 5, 4, 1]
+
+
+def test_without_a_wait_allowed_adds_take_their_turns_in_arrival_order():
+    clock = Clock()
+    slots = FreshFirstSlots(1, max_wait_s=0.0, clock=clock)
+    assert asyncio.run(taken_order(slots, [0, 1, 5, 4], clock)) == [0, 1, 5, 4]
+
+
+def test_a_cancelled_wait_takes_no_slot_and_a_cancelled_grant_passes_its_slot_on():
+    async def scenario() -> None:
+        slots = FreshFirstSlots(1, max_wait_s=10.0)
+        held, taken = asyncio.Event(), []
+
+        async def hold(version: int) -> None:
+            async with slots.slot(version):
+                taken.append(version)
+                await held.wait()
+
+        async def hold_then_cancel_the_next(waiting: list[asyncio.Task[None]]) -> None:
+            await hold(0)
+            waiting[1].cancel()  # just granted the slot, cancelled before it runs
+
+        waiting: list[asyncio.Task[None]] = []
+        first = asyncio.create_task(hold_then_cancel_the_next(waiting))
+        await asyncio.sleep(0)
+        waiting += [asyncio.create_task(hold(v)) for v in (1, 2, 3)]
+        await asyncio.sleep(0)
+        waiting[2].cancel()  # cancelled while it waits
+        await asyncio.sleep(0)
+        held.set()
+        await first
+        await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 5.0)
+        assert taken == [0, 1]
+        await asyncio.wait_for(hold(7), 5.0)  # and the slot is free again
+        assert taken == [0, 1, 7]
 
     asyncio.run(scenario())
 

@@ -87,6 +87,15 @@ class BufferSettings(Section):
         "their turn. Ingest is CPU work in one event loop: a cap keeps a burst of posts from "
         "many searchers from queueing ahead of each step of the trainer's Sample.",
     )
+    adds_fresh_first_max_wait_s: float = Field(
+        1.0,
+        ge=0,
+        le=60,
+        description="While AddTrajectories calls wait for one of the `adds_in_flight` "
+        "slots, the one with the newest policy version goes next (when ingest runs short, "
+        "the completions the trainer waits for would otherwise queue behind older ones); one "
+        "that has waited this long goes before any, so none starves. 0: in order of arrival.",
+    )
     max_prompts_per_call: int = Field(
         100_000, ge=1, description="Most prompts one PutPrompts call may carry."
     )

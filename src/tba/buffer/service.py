@@ -3,7 +3,6 @@ keeps rates. Transports (gRPC servicer, REST handlers) only translate and delega
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
 import logging
@@ -70,7 +69,9 @@ class BufferService:
         self._clock = clock
         self._adds = RateMeter(settings.rate_window_s, clock)
         self._samples = RateMeter(settings.rate_window_s, clock)
-        self._add_slots = asyncio.Semaphore(settings.adds_in_flight)
+        self._add_slots = waiting.FreshFirstSlots(
+            settings.adds_in_flight, settings.adds_fresh_first_max_wait_s
+        )
         self._fresh = waiting.VersionWatch()
         self._announced = waiting.VersionWatch()
         self._draws = waiting.DrawGate()
@@ -104,10 +105,12 @@ class BufferService:
         so is a batch of another run than the registered one (`runs.check_tagged`). Each
         trajectory is stored under the request's `searcher_id` (the buffer owns that field;
         `created_at_s` is the sender's). At most `adds_in_flight` calls are worked on at
-        once; the rest wait here, before any of their work. One whose turn comes while
-        Sample draws run starts after them, and one that is ready to store while draws run
-        stores after them (its script would hold up their round trips in the store)."""
-        async with self._add_slots:
+        once; the rest wait here, before any of their work, the newest policy version first
+        (`FreshFirstSlots`). One whose turn comes while Sample draws run starts after them,
+        and one that is ready to store while draws run stores after them (its script would
+        hold up their round trips in the store)."""
+        newest_version = max((t.policy_version for t in trajectories), default=0)
+        async with self._add_slots.slot(newest_version):
             await self._draws.after_running_draws()
             return await self._add(request_id, searcher_id, lease_id, trajectories, run_id)
 

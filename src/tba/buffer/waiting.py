@@ -10,6 +10,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
+from dataclasses import dataclass
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -118,3 +119,64 @@ class DrawGate:
         """Returns once the draws running now have ended."""
         if self._running:
             await asyncio.wait(list(self._running))
+
+
+@dataclass(eq=False)
+class _Turn:
+    version: int
+    arrived_s: float
+    granted: asyncio.Future[None]
+
+
+class FreshFirstSlots:
+    """At most `slots` holders at once. While more wait, the next slot goes to the one carrying
+    the newest policy version, first come first among equals: when ingest runs short, the
+    completions the trainer waits for (at most a version or two old) would otherwise queue
+    behind older ones. One that has waited `max_wait_s` goes before any, so none starves
+    (0: in order of arrival)."""
+
+    def __init__(
+        self, slots: int, max_wait_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._free = slots
+        self._max_wait_s = max_wait_s
+        self._clock = clock
+        self._waiting: list[_Turn] = []  # in order of arrival
+
+    @asynccontextmanager
+    async def slot(self, version: int) -> AsyncIterator[None]:
+        await self._acquire(version)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self, version: int) -> None:
+        if self._free > 0 and not self._waiting:
+            self._free -= 1
+            return
+        turn = _Turn(version, self._clock(), asyncio.get_running_loop().create_future())
+        self._waiting.append(turn)
+        try:
+            await turn.granted
+        except asyncio.CancelledError:
+            if turn.granted.done() and not turn.granted.cancelled():
+                self._release()  # granted, then cancelled before it ran: pass the slot on
+            elif turn in self._waiting:
+                self._waiting.remove(turn)
+            raise
+
+    def _release(self) -> None:
+        while self._waiting:
+            turn = self._next()
+            self._waiting.remove(turn)
+            if not turn.granted.done():  # a cancelled one leaves the list when it runs
+                turn.granted.set_result(None)
+                return
+        self._free += 1
+
+    def _next(self) -> _Turn:
+        oldest = self._waiting[0]
+        if self._clock() - oldest.arrived_s >= self._max_wait_s:
+            return oldest
+        return max(self._waiting, key=lambda turn: turn.version)  # the first of the newest
