@@ -1,7 +1,9 @@
 """Calls that wait in the buffer (a long poll) instead of their clients polling: a Sample for
 data, woken by the adds it could use (each poll would be a full draw, whose round trips to the
 store queue behind the adds' scripts), and a GetLatestWeights for a newer version, woken by
-its announcement (a searcher waiting for the trainer's next version learns of it at once)."""
+its announcement (a searcher waiting for the trainer's next version learns of it at once);
+and the adds' turns: after running draws (`DrawGate`), and for a slot, freshest first
+(`FreshFirstSlots`)."""
 
 from __future__ import annotations
 
