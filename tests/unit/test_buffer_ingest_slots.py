@@ -5,6 +5,7 @@ unless one has waited `adds_fresh_first_max_wait_s`, and none is lost."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tba.buffer.config import BufferSettings
@@ -13,7 +14,7 @@ from tba.buffer.server import store_limits
 from tba.buffer.service import BufferService
 from tba.buffer.store import DrawnPrompts, PromptDraw
 from tba.buffer.waiting import FreshFirstSlots
-from tba.domain import AddResult, Prompt, SampleSpec
+from tba.domain import AddResult, Prompt, SampleSpec, Trajectory
 from tests.fixtures.data import trajectory
 
 
@@ -34,20 +35,27 @@ class HeldStore(MemoryStore):
         return await super().add_trajectories(*args, **kwargs)
 
 
+def add_task(
+    service: BufferService, request_id: str = "r", batch: list[Trajectory] | None = None
+) -> asyncio.Task[AddResult]:
+    """An add of `batch` (one trajectory of prompt "a" by default) started as a task."""
+    return asyncio.create_task(
+        service.add_trajectories(
+            [trajectory("a")] if batch is None else batch,
+            request_id=request_id,
+            searcher_id="s1",
+            lease_id="",
+        )
+    )
+
+
 def test_adds_beyond_the_slots_wait_their_turn_and_all_are_stored():
     async def scenario() -> None:
         settings = BufferSettings(adds_in_flight=2)
         store = HeldStore(settings)
         service = BufferService(store, settings)
         await service.put_prompts([Prompt("a", "question")])
-        adds = [
-            asyncio.create_task(
-                service.add_trajectories(
-                    [trajectory("a", (c,))], request_id=f"r{c}", searcher_id="s1", lease_id=""
-                )
-            )
-            for c in range(5)
-        ]
+        adds = [add_task(service, f"r{c}", [trajectory("a", (c,))]) for c in range(5)]
         await asyncio.sleep(0.05)
         assert store.holding == 2  # two at work, three waiting for a slot
         store.release.set()
@@ -79,14 +87,7 @@ def test_waiting_adds_store_newest_policy_version_first_and_in_arrival_order_amo
         await service.put_prompts([Prompt("a", "question")])
         adds = []
         for c, version in enumerate((0, 1, 3, 2, 3)):
-            batch = [trajectory("a", (c,), policy_version=version)]
-            adds.append(
-                asyncio.create_task(
-                    service.add_trajectories(
-                        batch, request_id=f"r{c}", searcher_id="s1", lease_id=""
-                    )
-                )
-            )
+            adds.append(add_task(service, f"r{c}", [trajectory("a", (c,), policy_version=version)]))
             await asyncio.sleep(0.01)  # arrive in this order
         store.release.set()
         results = await asyncio.gather(*adds)
@@ -104,17 +105,26 @@ class Clock:
         return self.now_s
 
 
+def holder(
+    slots: FreshFirstSlots, taken: list[int], held: asyncio.Event
+) -> Callable[[int], Awaitable[None]]:
+    """A coroutine that takes a slot for `version`, notes it in `taken` and holds the slot
+    until `held` is set."""
+
+    async def hold(version: int) -> None:
+        async with slots.slot(version):
+            taken.append(version)
+            await held.wait()
+
+    return hold
+
+
 async def taken_order(slots: FreshFirstSlots, versions: list[int], clock: Clock) -> list[int]:
     """The versions in the order `slots` (all held by one holder) grants them, each arriving
     a second after the one before."""
     order: list[int] = []
     held = asyncio.Event()
-
-    async def hold(version: int) -> None:
-        async with slots.slot(version):
-            order.append(version)
-            await held.wait()
-
+    hold = holder(slots, order, held)
     tasks = []
     for version in versions:
         tasks.append(asyncio.create_task(hold(version)))
@@ -144,11 +154,7 @@ def test_a_cancelled_wait_takes_no_slot_and_a_cancelled_grant_passes_its_slot_on
     async def scenario() -> None:
         slots = FreshFirstSlots(1, max_wait_s=10.0)
         held, taken = asyncio.Event(), []
-
-        async def hold(version: int) -> None:
-            async with slots.slot(version):
-                taken.append(version)
-                await held.wait()
+        hold = holder(slots, taken, held)
 
         async def hold_then_cancel_the_next(waiting: list[asyncio.Task[None]]) -> None:
             await hold(0)
@@ -182,14 +188,6 @@ class HeldDrawStore(MemoryStore):
         self.draws.append(asyncio.Event())
         await self.draws[-1].wait()
         return await super().draw_prompts(draw)
-
-
-def add_task(service: BufferService, request_id: str = "r") -> asyncio.Task[AddResult]:
-    return asyncio.create_task(
-        service.add_trajectories(
-            [trajectory("a")], request_id=request_id, searcher_id="s1", lease_id=""
-        )
-    )
 
 
 def test_an_add_stores_after_the_draws_running_when_its_turn_came_and_when_it_is_ready():
