@@ -43,7 +43,19 @@ def test_list_is_sorted_and_prefix_scoped(store: ObjectStore) -> None:
         store.put_bytes(key, b".")
     assert store.list("versions/") == ["versions/v1/a", "versions/v1/y", "versions/v2/x"]
     assert store.list("versions/v1/") == ["versions/v1/a", "versions/v1/y"]
+    assert store.list("versions/v1") == ["versions/v1/a", "versions/v1/y"]
+    assert store.list("vers") == ["versions/v1/a", "versions/v1/y", "versions/v2/x", "versionsX/z"]
+    assert store.list("versions/v3/") == store.list("a/../versions/") == []
     assert len(store.list()) == 5
+
+
+def test_a_file_put_again_replaces_the_first(store: ObjectStore, tmp_path: Path) -> None:
+    for name, payload in [("first.bin", b"first"), ("second.bin", b"second")]:
+        (tmp_path / name).write_bytes(payload)
+        store.put_file("v/model.bin", tmp_path / name)
+    assert store.get_bytes("v/model.bin") == b"second"
+    assert store.list("v/") == ["v/model.bin"]
+    assert (tmp_path / "first.bin").read_bytes() == b"first"
 
 
 def test_delete_is_idempotent(store: ObjectStore) -> None:

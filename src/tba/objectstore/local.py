@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from tba.errors import NotFoundError
+from tba.errors import InvalidArgumentError, NotFoundError
 from tba.objectstore.base import check_key
 
 _TMP_PREFIX = ".tmp-"
@@ -39,7 +39,7 @@ class FileStore:
 
     def put_file(self, key: str, path: Path) -> None:
         target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        _make_parent(target)
         _link_or_copy(path, target)
 
     def get_bytes(self, key: str) -> bytes:
@@ -55,8 +55,15 @@ class FileStore:
         _link_or_copy(source, path)
 
     def list(self, prefix: str = "") -> list[str]:
+        # Walk only the folder the prefix names: each publish's retention lists the versions
+        # and then each version it deletes, which used to walk the whole store every time.
+        folder = prefix.rpartition("/")[0]
+        try:
+            start = self._path(folder) if folder else self.root
+        except InvalidArgumentError:  # no key lies under a folder that is not a key
+            return []
         keys = []
-        for dirpath, _, filenames in os.walk(self.root):
+        for dirpath, _, filenames in os.walk(start):
             for name in filenames:
                 if name.startswith(_TMP_PREFIX):
                     continue
@@ -85,15 +92,31 @@ class FileStore:
 
     def _atomic_write(self, key: str, write: Callable[[Path], object]) -> None:
         target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        _make_parent(target)
         _replace_atomically(target, write)
 
 
+def _make_parent(target: Path) -> None:
+    # A stat where the folder exists, which is every file of a version but its first: on
+    # ext4 a mkdir that fails costs several times as much.
+    if not target.parent.is_dir():
+        target.parent.mkdir(parents=True, exist_ok=True)
+
+
 def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        # A new name appears whole at once; only an existing one needs the rename below.
+        os.link(source, target)
+        return
+    except FileExistsError:
+        pass  # replaced through a new name below
+    except OSError:  # another filesystem, or links not supported
+        _replace_atomically(target, lambda t: shutil.copyfile(source, t))
+        return
     tmp = target.with_name(f"{_TMP_PREFIX}{uuid.uuid4().hex}")
     try:
         os.link(source, tmp)
-    except OSError:  # another filesystem, or links not supported
+    except OSError:
         _replace_atomically(target, lambda t: shutil.copyfile(source, t))
         return
     os.replace(tmp, target)
