@@ -68,3 +68,31 @@ def test_scored_sums_are_sequence_logprobs_bit_for_bit():
     with torch.inference_mode():
         want = sequence_logprobs(model, prompts, completions, 0.7, tokenizer.pad_token_id)
     assert [g.logprob for g in got] == want.tolist()
+
+
+def test_repeats_and_completions_seen_before_are_looked_up_not_scored_again():
+    tokenizer, model = load_model(MODEL, 0)
+    scorer = ReferenceScorer(model, tokenizer.pad_token_id, batch_size=8, cache_tokens=7)
+    first = scorer.score([[1, 5], [1, 5], [1, 9]], [[7, 2], [7, 2], [4]], 1.0)
+    assert first[0] == first[1]
+    # Changed weights show which rows the model scored: only those not looked up.
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.5)
+    again = scorer.score([[1, 9], [1, 5], [1, 5], [1, 6]], [[4], [7, 2], [7, 2], [4]], 1.0)
+    assert again[:3] == [first[2], first[0], first[0]]
+    fresh = ReferenceScorer(model, tokenizer.pad_token_id, batch_size=8)
+    assert again[3] == fresh.score([[1, 6]], [[4]], 1.0)[0]
+    # At another temperature it is another value; the cache keeps the 7 tokens used last.
+    assert scorer.score([[1, 5]], [[7, 2]], 0.7)[0] != first[0]
+    assert scorer.score([[1, 9]], [[4]], 1.0)[0] != first[2]
+
+
+def test_without_a_cache_only_a_calls_repeats_are_looked_up():
+    tokenizer, model = load_model(MODEL, 0)
+    scorer = ReferenceScorer(model, tokenizer.pad_token_id, batch_size=8)
+    first = scorer.score([[1, 5], [1, 5]], [[7, 2], [7, 2]], 1.0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.5)
+    assert scorer.score([[1, 5]], [[7, 2]], 1.0)[0] != first[0]

@@ -91,6 +91,16 @@ class SearcherSettings(WandbSettings):
         description="Most completions per reference log-prob forward pass (fewer where "
         "their lengths differ: a batch's padding stays within 10% of its tokens).",
     )
+    reference_cache_tokens: int = Field(
+        1_000_000,
+        ge=0,
+        le=1_000_000_000,
+        description="Reference log-probs kept for (prompt, completion, temperature) already "
+        "scored, up to this many of their prompt and completion tokens, least recently used "
+        "out first: the reference is frozen, so a completion sampled again is looked up, not "
+        "scored again (an entry takes about 0.3 KB and 8 bytes a token: the demo's default "
+        "holds about 40 MB; 0: only a round's repeats are looked up).",
+    )
     token_logprobs: bool = Field(
         True,
         description="Send each trajectory's behaviour and reference log-probs per completion "

@@ -214,7 +214,14 @@ def build_reference(settings: SearcherRunSettings, tokenizer: Any, base: Any) ->
     s = settings.searcher
     device = pick_device(settings.engine.device)
     dtype = pick_dtype(settings.engine.dtype, device)
-    return ReferenceScorer(base, tokenizer.pad_token_id, s.reference_batch_size, device, dtype)
+    return ReferenceScorer(
+        base,
+        tokenizer.pad_token_id,
+        s.reference_batch_size,
+        device,
+        dtype,
+        s.reference_cache_tokens,
+    )
 
 
 def build_weight_sync(
