@@ -9,8 +9,8 @@ and the sequences sorted by length and batched so that padding stays within `MAX
 the tokens scored, under inference mode. The reference never changes, so a (prompt,
 completion, temperature) is scored once: a round's repeats and those seen in earlier rounds
 (up to `cache_tokens` prompt and completion tokens, least recently used out first) are looked
-up instead. In the demo a
-policy that has learned a prompt samples one answer eight times, and prompts come back."""
+up instead. In the demo a policy that has learned a prompt samples one answer eight times,
+and prompts come back."""
 
 from __future__ import annotations
 
