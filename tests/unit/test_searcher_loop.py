@@ -129,6 +129,8 @@ def test_identical_completions_of_a_prompt_are_posted_once(tmp_path, drop, expec
     eos = loop.engine.tokenizer.eos_token_id  # type: ignore[attr-defined]
     posted = buffer.posted()
     assert values is not None and values["searcher/duplicates"] == 12 - expected
+    # One completion per prompt is scored by the reference; its repeats are looked up.
+    assert values["searcher/reference_looked_up"] == expected - 3
     assert len(posted) == expected
     assert sorted({t.prompt_id for t in posted}) == sorted(p.id for p in PROMPTS)
     assert all(unpack_tokens(t.completion_token_ids).tolist() == [eos] for t in posted)

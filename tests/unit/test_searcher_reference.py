@@ -12,6 +12,7 @@ from tba.domain import unpack_logprobs
 from tba.models.config import ModelSettings
 from tba.models.loading import load_model
 from tba.models.logprobs import sequence_logprobs
+from tba.searcher.finish import ReferenceLogprobs
 from tba.searcher.reference import MAX_PADDING, ReferenceScorer, length_batches
 
 MODEL = ModelSettings(tiny_layers=1, tiny_width=32, tiny_heads=2, tiny_positions=64)
@@ -74,18 +75,20 @@ def test_repeats_and_completions_seen_before_are_looked_up_not_scored_again():
     tokenizer, model = load_model(MODEL, 0)
     scorer = ReferenceScorer(model, tokenizer.pad_token_id, batch_size=8, cache_tokens=7)
     first = scorer.score([[1, 5], [1, 5], [1, 9]], [[7, 2], [7, 2], [4]], 1.0)
-    assert first[0] == first[1]
+    assert values(first) == values([first[0], first[0], first[2]])
+    assert [r.looked_up for r in first] == [False, True, False]
     # Changed weights show which rows the model scored: only those not looked up.
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.5)
     again = scorer.score([[1, 9], [1, 5], [1, 5], [1, 6]], [[4], [7, 2], [7, 2], [4]], 1.0)
-    assert again[:3] == [first[2], first[0], first[0]]
+    assert values(again[:3]) == values([first[2], first[0], first[0]])
+    assert [r.looked_up for r in again] == [True, True, True, False]
     fresh = ReferenceScorer(model, tokenizer.pad_token_id, batch_size=8)
-    assert again[3] == fresh.score([[1, 6]], [[4]], 1.0)[0]
+    assert values(again[3:]) == values(fresh.score([[1, 6]], [[4]], 1.0))
     # At another temperature it is another value; the cache keeps the 7 tokens used last.
-    assert scorer.score([[1, 5]], [[7, 2]], 0.7)[0] != first[0]
-    assert scorer.score([[1, 9]], [[4]], 1.0)[0] != first[2]
+    assert values(scorer.score([[1, 5]], [[7, 2]], 0.7)) != values(first[:1])
+    assert values(scorer.score([[1, 9]], [[4]], 1.0)) != values(first[2:])
 
 
 def test_without_a_cache_only_a_calls_repeats_are_looked_up():
@@ -95,4 +98,8 @@ def test_without_a_cache_only_a_calls_repeats_are_looked_up():
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.5)
-    assert scorer.score([[1, 5]], [[7, 2]], 1.0)[0] != first[0]
+    assert values(scorer.score([[1, 5]], [[7, 2]], 1.0)) != values(first[:1])
+
+
+def values(refs: list[ReferenceLogprobs]) -> list[tuple[float, bytes]]:
+    return [(r.logprob, r.token_logprobs) for r in refs]

@@ -47,10 +47,12 @@ class TrajectorySink(Protocol):
 @dataclass(frozen=True)
 class ReferenceLogprobs:
     """log pi_ref of one completion: the sequence sum and the per-token values it adds,
-    packed float32 (`tba.domain.pack_logprobs`)."""
+    packed float32 (`tba.domain.pack_logprobs`); `looked_up` when it was not scored for this
+    call but found (scored before, or for the same completion earlier in the call)."""
 
     logprob: float
     token_logprobs: bytes
+    looked_up: bool = False
 
 
 class ReferenceModel(Protocol):
@@ -129,7 +131,8 @@ class RoundFinisher:
         candidates, duplicates = self._unique(generated)
         scored = self._rewarded(candidates)
         phases.done("reward")
-        trajectories = self._trajectories(scored, generated)
+        refs = self._references(scored, generated.temperature)
+        trajectories = self._trajectories(scored, refs, generated)
         phases.done("reference")
         self._post(trajectories, generated.lease_id)
         phases.done("post")
@@ -140,6 +143,7 @@ class RoundFinisher:
             "prompts": len(generated.prompts),
             "duplicates": duplicates,
             "dropped": len(candidates) - len(trajectories),
+            "reference_looked_up": sum(ref.looked_up for ref in refs),
         }
         values = round_values(generated, phases.seconds, counts, trajectories) | diversity
         self.metrics.write(generated.index, values)
@@ -203,20 +207,28 @@ class RoundFinisher:
             log.exception("reward of prompt %s raised; completion dropped", candidate.prompt.id)
             return math.nan
 
-    def _trajectories(
-        self, scored: list[PendingTrajectory], generated: GeneratedRound
-    ) -> list[Trajectory]:
-        """Trajectories with reference log-probs at the round's temperature (rows whose
-        reference is not finite are dropped, logged), and per-token log-probs with
-        `token_logprobs`. A round at the run's temperature leaves the trajectories' own at 0
-        (the run's), so that they are stored as before the per-round range."""
+    def _references(
+        self, scored: list[PendingTrajectory], temperature: float
+    ) -> list[ReferenceLogprobs]:
+        """Reference log-probs of each candidate at the round's temperature."""
         if not scored:
             return []
-        refs = self.reference.score(
+        return self.reference.score(
             [c.prompt_tokens for c in scored],
             [c.completion.token_ids for c in scored],
-            generated.temperature,
+            temperature,
         )
+
+    def _trajectories(
+        self,
+        scored: list[PendingTrajectory],
+        refs: list[ReferenceLogprobs],
+        generated: GeneratedRound,
+    ) -> list[Trajectory]:
+        """Trajectories with their reference log-probs (rows whose reference is not finite
+        are dropped, logged), and per-token log-probs with `token_logprobs`. A round at the
+        run's temperature leaves the trajectories' own at 0 (the run's), so that they are
+        stored as before the per-round range."""
         created_at_s = self.clock.time()
         per_token = self.settings.token_logprobs
         own = generated.temperature

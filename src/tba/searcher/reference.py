@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -79,7 +80,10 @@ class ReferenceScorer:
             for i, value in zip(rows, new, strict=True):
                 found[keys[i]] = value
                 self._remember(keys[i], value)
-        return [found[key] for key in keys]
+        return [
+            found[key] if first_of.get(key) == i else replace(found[key], looked_up=True)
+            for i, key in enumerate(keys)
+        ]
 
     def _cached(self, key: _Key) -> ReferenceLogprobs | None:
         value = self._cache.get(key)
