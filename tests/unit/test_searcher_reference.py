@@ -71,34 +71,37 @@ def test_scored_sums_are_sequence_logprobs_bit_for_bit():
     assert [g.logprob for g in got] == want.tolist()
 
 
-def test_repeats_and_completions_seen_before_are_looked_up_not_scored_again():
+def test_a_prompts_completions_all_scored_before_are_looked_up_not_scored_again():
     tokenizer, model = load_model(MODEL, 0)
     scorer = ReferenceScorer(model, tokenizer.pad_token_id, batch_size=8, cache_tokens=7)
     first = scorer.score([[1, 5], [1, 5], [1, 9]], [[7, 2], [7, 2], [4]], 1.0)
-    assert values(first) == values([first[0], first[0], first[2]])
-    assert [r.looked_up for r in first] == [False, True, False]
+    assert not any(r.looked_up for r in first)
     # Changed weights show which rows the model scored: only those not looked up.
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.5)
     again = scorer.score([[1, 9], [1, 5], [1, 5], [1, 6]], [[4], [7, 2], [7, 2], [4]], 1.0)
-    assert values(again[:3]) == values([first[2], first[0], first[0]])
+    assert values(again[:3]) == values([first[2], first[0], first[1]])
     assert [r.looked_up for r in again] == [True, True, True, False]
     fresh = ReferenceScorer(model, tokenizer.pad_token_id, batch_size=8)
     assert values(again[3:]) == values(fresh.score([[1, 6]], [[4]], 1.0))
+    # A prompt with one completion not seen before is scored whole (one packed sequence).
+    mixed = scorer.score([[1, 6], [1, 6]], [[4], [5, 2]], 1.0)
+    assert values(mixed) == values(fresh.score([[1, 6], [1, 6]], [[4], [5, 2]], 1.0))
     # At another temperature it is another value; the cache keeps the 7 tokens used last.
     assert values(scorer.score([[1, 5]], [[7, 2]], 0.7)) != values(first[:1])
     assert values(scorer.score([[1, 9]], [[4]], 1.0)) != values(first[2:])
 
 
-def test_without_a_cache_only_a_calls_repeats_are_looked_up():
+def test_without_a_cache_every_completion_is_scored():
     tokenizer, model = load_model(MODEL, 0)
     scorer = ReferenceScorer(model, tokenizer.pad_token_id, batch_size=8)
     first = scorer.score([[1, 5], [1, 5]], [[7, 2], [7, 2]], 1.0)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.5)
-    assert values(scorer.score([[1, 5]], [[7, 2]], 1.0)) != values(first[:1])
+    again = scorer.score([[1, 5]], [[7, 2]], 1.0)
+    assert values(again) != values(first[:1]) and not again[0].looked_up
 
 
 def values(refs: list[ReferenceLogprobs]) -> list[tuple[float, bytes]]:

@@ -97,9 +97,9 @@ class SearcherSettings(WandbSettings):
         le=1_000_000_000,
         description="Reference log-probs kept for (prompt, completion, temperature) already "
         "scored, up to this many of their prompt and completion tokens, least recently used "
-        "out first: the reference is frozen, so a completion sampled again is looked up, not "
-        "scored again (an entry takes about 0.3 KB and 8 bytes a token: the demo's default "
-        "holds about 40 MB; 0: only a round's repeats are looked up).",
+        "out first: the reference is frozen, so a prompt whose completions in a round were "
+        "all scored before is looked up, not scored again (an entry takes about 0.3 KB and "
+        "8 bytes a token: the demo's default holds about 40 MB; 0: off).",
     )
     token_logprobs: bool = Field(
         True,

@@ -47,8 +47,8 @@ class TrajectorySink(Protocol):
 @dataclass(frozen=True)
 class ReferenceLogprobs:
     """log pi_ref of one completion: the sequence sum and the per-token values it adds,
-    packed float32 (`tba.domain.pack_logprobs`); `looked_up` when it was not scored for this
-    call but found (scored before, or for the same completion earlier in the call)."""
+    packed float32 (`tba.domain.pack_logprobs`); `looked_up` when it was found, scored in an
+    earlier call, instead of scored again."""
 
     logprob: float
     token_logprobs: bytes

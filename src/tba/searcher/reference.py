@@ -6,22 +6,23 @@ This forward pass is most of a round's finish stage, whose CPU comes out of the 
 generation when no core is spare, so it wastes as little as it can: completions are planned
 into the packed sequences `token_logprobs` runs (a prompt's short completions share one),
 and the sequences sorted by length and batched so that padding stays within `MAX_PADDING` of
-the tokens scored, under inference mode. The reference never changes, so a (prompt,
-completion, temperature) is scored once: a round's repeats and those seen in earlier rounds
-(up to `cache_tokens` prompt and completion tokens, least recently used out first) are looked
-up instead. In the demo a policy that has learned a prompt samples one answer eight times,
-and prompts come back."""
+the tokens scored, under inference mode. The reference never changes, so a prompt whose
+completions in this call were all scored before (kept up to `cache_tokens` prompt and
+completion tokens, least recently used out first) is looked up instead: in the demo a policy
+that has learned a prompt samples the same few answers when the prompt comes back. Only
+whole prompts are skipped: dropping some of a prompt's completions would leave its packed
+sequence shorter than the others, and batches cut for padding would cost more forward
+passes than the rows saved (measured: 2.4 passes a round instead of 1, 7.7 ms against 6.8)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
 
-from tba.domain import TOKEN_DTYPE, pack_logprobs, pack_tokens
+from tba.domain import pack_logprobs
 from tba.models.logprobs import hidden_size_of, packed_length, plan_sequences, token_logprobs
 from tba.searcher.finish import ReferenceLogprobs
 
@@ -31,8 +32,9 @@ from tba.searcher.finish import ReferenceLogprobs
 # completions held 22% padding; cut at 10% they hold 5%, and a round takes 13% less CPU.
 MAX_PADDING = 0.1
 
-# (temperature, prompt, completion), the token ids packed: 4 bytes a token.
-_Key = tuple[float, bytes, bytes]
+# (temperature, prompt, completion): tuples of small ints, cheaper to build per row than
+# packed bytes, about 8 bytes a token.
+_Key = tuple[float, tuple[int, ...], tuple[int, ...]]
 
 
 class ReferenceScorer:
@@ -66,24 +68,26 @@ class ReferenceScorer:
         if len(prompts) != len(completions):
             raise ValueError("prompts and completions differ in number")
         pairs = zip(prompts, completions, strict=True)
-        keys = [(temperature, pack_tokens(p), pack_tokens(c)) for p, c in pairs]
-        found = {key: value for key in keys if (value := self._cached(key)) is not None}
-        first_of: dict[_Key, int] = {}
-        for i, key in enumerate(keys):
-            if key not in found:
-                first_of.setdefault(key, i)
-        rows = list(first_of.values())
+        keys = [(temperature, tuple(p), tuple(c)) for p, c in pairs]
+        results: list[ReferenceLogprobs | None] = [None] * len(keys)
+        rows = []
+        for prompt_rows in _rows_by_prompt(keys):
+            # A prompt's completions are packed into one sequence: scored all or none.
+            hits = [v for i in prompt_rows if (v := self._cached(keys[i])) is not None]
+            if len(hits) == len(prompt_rows):
+                for i, value in zip(prompt_rows, hits, strict=True):
+                    results[i] = _looked_up(value)
+            else:
+                rows.extend(prompt_rows)
+        rows.sort()
         if rows:
             new = self._score(
                 [prompts[i] for i in rows], [completions[i] for i in rows], temperature
             )
             for i, value in zip(rows, new, strict=True):
-                found[keys[i]] = value
+                results[i] = value
                 self._remember(keys[i], value)
-        return [
-            found[key] if first_of.get(key) == i else replace(found[key], looked_up=True)
-            for i, key in enumerate(keys)
-        ]
+        return [value for value in results if value is not None]
 
     def _cached(self, key: _Key) -> ReferenceLogprobs | None:
         value = self._cache.get(key)
@@ -93,7 +97,7 @@ class ReferenceScorer:
 
     def _remember(self, key: _Key, value: ReferenceLogprobs) -> None:
         tokens = _tokens_of(key)
-        if tokens > self.cache_tokens:
+        if key in self._cache or tokens > self.cache_tokens:
             return
         self._cache[key] = value
         self._cached_tokens += tokens
@@ -127,8 +131,19 @@ class ReferenceScorer:
         return [values[i] for i in range(len(prompts))]
 
 
+def _rows_by_prompt(keys: Sequence[_Key]) -> list[list[int]]:
+    rows: dict[tuple[int, ...], list[int]] = {}
+    for i, (_, prompt, _) in enumerate(keys):
+        rows.setdefault(prompt, []).append(i)
+    return list(rows.values())
+
+
 def _tokens_of(key: _Key) -> int:
-    return (len(key[1]) + len(key[2])) // TOKEN_DTYPE.itemsize
+    return len(key[1]) + len(key[2])
+
+
+def _looked_up(value: ReferenceLogprobs) -> ReferenceLogprobs:
+    return ReferenceLogprobs(value.logprob, value.token_logprobs, looked_up=True)
 
 
 def length_batches(
