@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from tba.buffer.config import BufferSettings
 from tba.buffer.memory_store import MemoryStore
@@ -35,6 +35,19 @@ class HeldStore(MemoryStore):
         return await super().add_trajectories(*args, **kwargs)
 
 
+StoreT = TypeVar("StoreT", bound=MemoryStore)
+
+
+async def service_over(
+    store_type: Callable[[BufferSettings], StoreT], settings: BufferSettings
+) -> tuple[StoreT, BufferService]:
+    """A store of `store_type` and a service over it with `settings`, holding prompt "a"."""
+    store = store_type(settings)
+    service = BufferService(store, settings)
+    await service.put_prompts([Prompt("a", "question")])
+    return store, service
+
+
 def add_task(
     service: BufferService, request_id: str = "r", batch: list[Trajectory] | None = None
 ) -> asyncio.Task[AddResult]:
@@ -51,10 +64,7 @@ def add_task(
 
 def test_adds_beyond_the_slots_wait_their_turn_and_all_are_stored():
     async def scenario() -> None:
-        settings = BufferSettings(adds_in_flight=2)
-        store = HeldStore(settings)
-        service = BufferService(store, settings)
-        await service.put_prompts([Prompt("a", "question")])
+        store, service = await service_over(HeldStore, BufferSettings(adds_in_flight=2))
         adds = [add_task(service, f"r{c}", [trajectory("a", (c,))]) for c in range(5)]
         await asyncio.sleep(0.05)
         assert store.holding == 2  # two at work, three waiting for a slot
@@ -81,10 +91,7 @@ class OrderStore(HeldStore):
 
 def test_waiting_adds_store_newest_policy_version_first_and_in_arrival_order_among_equals():
     async def scenario() -> None:
-        settings = BufferSettings(adds_in_flight=1)
-        store = OrderStore(settings)
-        service = BufferService(store, settings)
-        await service.put_prompts([Prompt("a", "question")])
+        store, service = await service_over(OrderStore, BufferSettings(adds_in_flight=1))
         adds = []
         for c, version in enumerate((0, 1, 3, 2, 3)):
             adds.append(add_task(service, f"r{c}", [trajectory("a", (c,), policy_version=version)]))
@@ -192,10 +199,7 @@ class HeldDrawStore(MemoryStore):
 
 def test_an_add_stores_after_the_draws_running_when_its_turn_came_and_when_it_is_ready():
     async def scenario() -> None:
-        settings = BufferSettings()
-        store = HeldDrawStore(settings)
-        service = BufferService(store, settings)
-        await service.put_prompts([Prompt("a", "question")])
+        store, service = await service_over(HeldDrawStore, BufferSettings())
         first = asyncio.create_task(service.sample(SampleSpec(1, 1, 0.5)))
         await asyncio.sleep(0.01)
         add = add_task(service)
@@ -229,10 +233,7 @@ class HeldAddsAndDraws(HeldDrawStore):
 
 def test_a_draw_that_starts_while_an_add_stores_does_not_hold_it_back():
     async def scenario() -> None:
-        settings = BufferSettings()
-        store = HeldAddsAndDraws(settings)
-        service = BufferService(store, settings)
-        await service.put_prompts([Prompt("a", "question")])
+        store, service = await service_over(HeldAddsAndDraws, BufferSettings())
         add = add_task(service)
         await asyncio.wait_for(store.storing.wait(), 5.0)
         draw = asyncio.create_task(service.sample(SampleSpec(1, 1, 0.5)))
