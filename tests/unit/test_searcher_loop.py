@@ -38,6 +38,7 @@ from tba.searcher.hf_engine import TransformersEngine
 from tba.searcher.loop import SearcherLoop
 from tba.searcher.metrics import SearcherMetrics
 from tba.searcher.reference import ReferenceScorer
+from tba.searcher.settled import SettledPrompts
 from tba.searcher.weights import WeightSync
 from tba.tasks.arithmetic import ArithmeticTask
 from tba.tasks.base import make_prompt
@@ -572,3 +573,32 @@ def test_an_error_in_the_finish_stage_is_raised_by_the_loop(tmp_path):
     with pytest.raises(UnavailableError):
         make_loop(tmp_path, last, add_retries=0, max_rounds=1).run()
     assert len(last.attempts) == 1
+
+
+@dataclass
+class CountingBuffer(RecordingBuffer):
+    """A RecordingBuffer that also records how many prompts each lease asked for."""
+
+    asked: list[int] = field(default_factory=list)
+
+    def lease_prompts(self, searcher_id: str, max_prompts: int, lease_s: float = 0.0) -> Lease:
+        self.asked.append(max_prompts)
+        return super().lease_prompts(searcher_id, max_prompts, lease_s)
+
+
+def test_a_settled_prompt_is_passed_over_at_its_next_lease(tmp_path):
+    # Every completion is a lone EOS, rewarded 0: each group settles.
+    buffer = CountingBuffer(PROMPTS)
+    loop = make_loop(tmp_path, buffer, prompts_per_round=1, settled_prompt_passes=1)
+    loop.settled = SettledPrompts(1)
+    rounds = [loop.round() for _ in range(3)]
+    assert buffer.asked == [2, 2, 2]
+    generated = [{t.prompt_id for t in batch} for batch, _, _ in buffer.adds]
+    assert generated == [{PROMPTS[0].id}, {PROMPTS[1].id}, {PROMPTS[0].id}]
+    assert [r["searcher/passed_over"] for r in rounds if r is not None] == [0, 1, 0]
+    assert [lease for _, lease, _ in buffer.adds] == ["lease-1"] * 3
+
+
+def test_passing_over_settled_prompts_needs_groups_of_two():
+    with pytest.raises(ValueError, match="samples_per_prompt >= 2"):
+        SearcherSettings(settled_prompt_passes=1, samples_per_prompt=1)

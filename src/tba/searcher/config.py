@@ -76,6 +76,16 @@ class SearcherSettings(WandbSettings):
     lease_s: float = Field(
         0.0, ge=0.0, le=86_400.0, description="Lease on prompts taken; 0 is the buffer's default."
     )
+    settled_prompt_passes: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Pass over a prompt whose last group settled (all its completions the "
+        "same reward: nothing to contrast) at its next this many leases, leasing "
+        "`prompts_per_round` x (1 + this) prompts a round to generate for the others "
+        "(tba.searcher.settled; needs `samples_per_prompt` >= 2). 0: off, every prompt "
+        "leased is generated for.",
+    )
     seed_prompts: bool = Field(
         True,
         description="Put the task's train prompts into the buffer at start (idempotent: ids "
@@ -175,6 +185,15 @@ class SearcherSettings(WandbSettings):
             raise ValueError("set both searcher.temperature_low and temperature_high, or neither")
         if low is not None and high is not None and low > high:
             raise ValueError(f"searcher.temperature_low ({low}) is above temperature_high ({high})")
+        return self
+
+    @model_validator(mode="after")
+    def _check_settled_passes(self) -> SearcherSettings:
+        if self.settled_prompt_passes > 0 and self.samples_per_prompt < 2:
+            raise ValueError(
+                "searcher.settled_prompt_passes needs samples_per_prompt >= 2: a group of one "
+                "completion never settles"
+            )
         return self
 
     @property

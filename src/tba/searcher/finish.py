@@ -26,6 +26,7 @@ from tba.errors import UnavailableError
 from tba.retry import Backoff, retry
 from tba.searcher.config import SearcherSettings
 from tba.searcher.engine import Completion
+from tba.searcher.settled import SettledPrompts
 from tba.searcher.weights import WeightSwap
 from tba.tasks.base import Rewarder, batch_rewards
 from tba.tasks.diversity import final_answer, group_diversity, mean_diversity
@@ -90,7 +91,8 @@ class GeneratedRound:
     """What the loop hands to the finish stage: a round's completions and how they came.
     `policy_version` is the weight version that generated them, `latest_version` the newest
     the buffer had announced, `swaps` the versions swapped in before they were generated,
-    `temperature` the one they were sampled at (the run's, or one the round drew)."""
+    `temperature` the one they were sampled at (the run's, or one the round drew),
+    `passed_over` the leased prompts it did not generate for, as settled."""
 
     index: int
     lease_id: str
@@ -102,6 +104,7 @@ class GeneratedRound:
     swaps: tuple[WeightSwap, ...]
     loop_seconds: dict[str, float]
     temperature: float
+    passed_over: int = 0
 
 
 @dataclass
@@ -123,6 +126,7 @@ class RoundFinisher:
     reference: ReferenceModel
     metrics: RoundMetrics
     clock: Clock
+    settled: SettledPrompts | None = None
 
     def finish(self, generated: GeneratedRound) -> dict[str, float]:
         """Posts the round's trajectories, acknowledging its lease; writes and returns its
@@ -130,6 +134,8 @@ class RoundFinisher:
         phases = Phases(self.clock)
         candidates, duplicates = self._unique(generated)
         scored = self._rewarded(candidates)
+        if self.settled is not None:
+            self.settled.record(group_rewards(scored))
         phases.done("reward")
         refs = self._references(scored, generated.temperature)
         trajectories = self._trajectories(scored, refs, generated)
@@ -144,6 +150,7 @@ class RoundFinisher:
             "duplicates": duplicates,
             "dropped": len(candidates) - len(trajectories),
             "reference_looked_up": sum(ref.looked_up for ref in refs),
+            "passed_over": generated.passed_over,
         }
         values = round_values(generated, phases.seconds, counts, trajectories) | diversity
         self.metrics.write(generated.index, values)
@@ -279,6 +286,14 @@ class RoundFinisher:
             on_retry=_log_add_retry,
             sleep=self.clock.sleep,
         )
+
+
+def group_rewards(scored: Sequence[PendingTrajectory]) -> list[tuple[str, list[float]]]:
+    """(prompt id, the rewards of its scored completions) of each prompt, in order."""
+    groups: dict[str, list[float]] = {}
+    for candidate in scored:
+        groups.setdefault(candidate.prompt.id, []).append(candidate.reward)
+    return list(groups.items())
 
 
 def _log_add_retry(exc: Exception, number: int, wait_s: float) -> None:

@@ -47,6 +47,7 @@ from tba.searcher.finish import (
     RoundMetrics,
     TrajectorySink,
 )
+from tba.searcher.settled import SettledPrompts
 from tba.searcher.weights import WeightSwap
 from tba.tasks.base import Rewarder
 
@@ -92,6 +93,8 @@ class SearcherLoop:
     reference: ReferenceModel
     weights: WeightChecker
     metrics: RoundMetrics
+    # With `settled_prompt_passes`, what the rounds found settled (tba.searcher.settled).
+    settled: SettledPrompts | None = None
     clock: Clock = field(default_factory=SystemClock)
     stop: threading.Event = field(default_factory=threading.Event)
     rounds: int = 0
@@ -133,6 +136,7 @@ class SearcherLoop:
             self.reference,
             self.metrics,
             self.clock,
+            self.settled,
         )
 
     def _wait_finish(self) -> None:
@@ -149,7 +153,7 @@ class SearcherLoop:
         phases.done("weights")
         if self.stop.is_set():
             return None
-        lease_id, prompts, tokens = self._lease()
+        lease_id, prompts, tokens, passed_over = self._lease()
         phases.done("lease")
         if not prompts:
             return None
@@ -173,16 +177,25 @@ class SearcherLoop:
             swaps=swaps,
             loop_seconds=phases.seconds,
             temperature=params.temperature,
+            passed_over=passed_over,
         )
 
-    def _lease(self) -> tuple[str, list[Prompt], list[list[int]]]:
-        """A lease and its usable prompts with their tokens; when no prompt was free, after
-        waiting `idle_poll_s`."""
+    def _lease(self) -> tuple[str, list[Prompt], list[list[int]], int]:
+        """A lease, the usable prompts to generate for with their tokens, and how many were
+        passed over as settled; when no prompt was free, after waiting `idle_poll_s`."""
         s = self.settings
-        lease = self.buffer.lease_prompts(self.searcher_id, s.prompts_per_round, s.lease_s)
+        wanted, prompts_leased = s.prompts_per_round, s.prompts_per_round
+        if self.settled is not None:
+            prompts_leased = self.settled.lease_size(wanted)
+        lease = self.buffer.lease_prompts(self.searcher_id, prompts_leased, s.lease_s)
         if not lease.prompts:
             self.stop.wait(s.idle_poll_s)
-        return (lease.lease_id, *self._tokenize(lease.prompts))
+        prompts, passed_over = list(lease.prompts), 0
+        if self.settled is not None:
+            # The prompts not chosen go back to the pool when the round's post acknowledges
+            # the lease.
+            prompts, passed_over = self.settled.choose(prompts, wanted)
+        return (lease.lease_id, *self._tokenize(prompts), passed_over)
 
     def _sync_weights(self) -> tuple[WeightSwap, ...]:
         """The versions swapped in. With `min_version` (or `one_round_per_version`) set,

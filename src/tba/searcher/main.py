@@ -163,6 +163,7 @@ def _wire(
     from tba.searcher.joining import RunBuffer, model_identity
     from tba.searcher.loop import SearcherLoop
     from tba.searcher.metrics import SearcherMetrics
+    from tba.searcher.settled import SettledPrompts
     from tba.tasks.registry import build_task
 
     s = settings.searcher
@@ -190,6 +191,7 @@ def _wire(
         reference=build_reference(settings, tokenizer, base),
         weights=weights,
         metrics=metrics,
+        settled=SettledPrompts(s.settled_prompt_passes) if s.settled_prompt_passes else None,
         stop=stop,
     )
     return Searcher(loop, client, engine, weights, metrics, settings, run)
