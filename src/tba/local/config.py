@@ -176,6 +176,10 @@ def demo_searcher() -> SearcherSettings:
         # newest round; the searcher made 2.2 per step) and took CPU the trainer needed: one
         # per version ran 30% more trainer steps a second on 2 cores.
         one_round_per_version=True,
+        # A prompt whose last group settled (all 8 right, or all wrong) is passed over at its
+        # next 3 leases: from the hard bases 0.80 took a fifth fewer steps from hard-1 and
+        # about as many from hard-2 (3 RL seeds each, docs/benchmarks.md).
+        settled_prompt_passes=3,
         idle_poll_s=0.01,
         # A round's 128 completions in one reference pass: this tiny model's forward costs
         # per call more than per token; in the demo four passes of 32 took 1.3x one of 128,
