@@ -191,8 +191,8 @@ class SearcherSettings(WandbSettings):
     def _check_settled_passes(self) -> SearcherSettings:
         if self.settled_prompt_passes > 0 and self.samples_per_prompt < 2:
             raise ValueError(
-                "searcher.settled_prompt_passes needs samples_per_prompt >= 2: a group of one "
-                "completion never settles"
+                "searcher.settled_prompt_passes needs samples_per_prompt >= 2: with one "
+                "completion a prompt, every group would count as settled"
             )
         return self
 
