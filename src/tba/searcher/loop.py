@@ -183,18 +183,17 @@ class SearcherLoop:
     def _lease(self) -> tuple[str, list[Prompt], list[list[int]], int]:
         """A lease, the usable prompts to generate for with their tokens, and how many were
         passed over as settled; when no prompt was free, after waiting `idle_poll_s`."""
-        s = self.settings
-        wanted, prompts_leased = s.prompts_per_round, s.prompts_per_round
-        if self.settled is not None:
-            prompts_leased = self.settled.lease_size(wanted)
-        lease = self.buffer.lease_prompts(self.searcher_id, prompts_leased, s.lease_s)
+        s, settled = self.settings, self.settled
+        wanted = s.prompts_per_round
+        size = wanted if settled is None else settled.lease_size(wanted)
+        lease = self.buffer.lease_prompts(self.searcher_id, size, s.lease_s)
         if not lease.prompts:
             self.stop.wait(s.idle_poll_s)
-        prompts, passed_over = list(lease.prompts), 0
-        if self.settled is not None:
-            # The prompts not chosen go back to the pool when the round's post acknowledges
-            # the lease.
-            prompts, passed_over = self.settled.choose(prompts, wanted)
+        if settled is None:
+            return (lease.lease_id, *self._tokenize(lease.prompts), 0)
+        # The prompts not chosen go back to the pool when the round's post acknowledges the
+        # lease.
+        prompts, passed_over = settled.choose(lease.prompts, wanted)
         return (lease.lease_id, *self._tokenize(prompts), passed_over)
 
     def _sync_weights(self) -> tuple[WeightSwap, ...]:
