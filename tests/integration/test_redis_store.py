@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from tba.buffer.config import BufferSettings
 from tba.buffer.memory_store import MemoryStore
 from tba.buffer.redis_store import RedisStore
+from tba.buffer.service import BufferService
 from tba.buffer.store import BufferStore, PromptDraw, StoreLimits
 from tba.domain import AddResult, Prompt, WeightVersion
 from tba.errors import FailedPreconditionError, TbaError, UnavailableError
@@ -344,6 +346,35 @@ def test_a_request_id_kept_before_digests_still_replays(
             )
             assert again == AddResult(2, 1, 0, replayed=True)
             assert (await store.counters(NOW)).trajectories == 0
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_chunked_add_stores_once_in_redis_and_its_retry_replays(
+    shared_redis: RedisServer, unique_prefix: str
+) -> None:
+    """The service's chunks (`[buffer] add_chunk_size`) go to Redis under ids with a space
+    after the caller's; each is kept for retries like any request id."""
+
+    async def main() -> None:
+        store = RedisStore(shared_redis.url, unique_prefix, LIMITS)
+        service = BufferService(store, BufferSettings(add_chunk_size=2))
+        try:
+            await service.put_prompts([Prompt("q1", "x")])
+            batch = [trajectory("q1", (c,)) for c in range(5)]
+            first = await service.add_trajectories(
+                batch, request_id="r", searcher_id="s1", lease_id=""
+            )
+            again = await service.add_trajectories(
+                batch, request_id="r", searcher_id="s1", lease_id=""
+            )
+            assert (first.accepted, first.replayed) == (5, False)
+            assert (again.accepted, again.replayed) == (5, True)
+            assert (await store.counters(NOW)).trajectories == 5
+            kept = shared_redis.command("HKEYS", f"{unique_prefix}:req")
+            assert sorted(kept) == [b"r 0+2", b"r 2+2", b"r 4+1"]
         finally:
             await store.close()
 

@@ -87,6 +87,16 @@ class BufferSettings(Section):
         "their turn. Ingest is CPU work in one event loop: a cap keeps a burst of posts from "
         "many searchers from queueing ahead of each step of the trainer's Sample.",
     )
+    add_chunk_size: int = Field(
+        32,
+        ge=0,
+        le=65_536,
+        description="Most trajectories one store write takes: a larger AddTrajectories "
+        "call is stored in chunks this size, one after another, each after the Sample draws "
+        "running when it is ready, so a draw's round trips to Redis wait behind at most "
+        "`adds_in_flight` chunks, not whole batches (a batch's lease is acknowledged with its "
+        "last chunk; a retry stores only the chunks not stored yet). 0: one write a call.",
+    )
     adds_fresh_first_max_wait_s: float = Field(
         1.0,
         ge=0,

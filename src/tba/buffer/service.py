@@ -107,8 +107,9 @@ class BufferService:
         `created_at_s` is the sender's). At most `adds_in_flight` calls are worked on at
         once; the rest wait here, before any of their work, the newest policy version first
         (`FreshFirstSlots`). One whose turn comes while Sample draws run starts after them,
-        and one that is ready to store while draws run stores after them (its script would
-        hold up their round trips in the store)."""
+        and each chunk of at most `add_chunk_size` that is ready to store while draws run
+        stores after them (its script would hold up their round trips in the store). A retry
+        whose chunks were all stored before is `replayed`."""
         newest_version = max((t.policy_version for t in trajectories), default=0)
         async with self._add_slots.slot(newest_version):
             await self._draws.after_running_draws()
@@ -130,21 +131,33 @@ class BufferService:
         if unknown:
             raise InvalidArgumentError(f"unknown prompt ids: {', '.join(unknown[:10])}")
         stamped = [dataclasses.replace(t, searcher_id=searcher_id) for t in trajectories]
-        await self._draws.after_running_draws()
-        result = await self.store.add_trajectories(
-            stamped,
-            request_id=request_id,
-            searcher_id=searcher_id,
-            lease_id=lease_id,
-            now_s=self._clock(),
-            digest=digest,
-            run_id=run_id,
+        chunks = store_chunks(stamped, request_id, self.settings.add_chunk_size)
+        results = []
+        for index, (chunk_request_id, chunk) in enumerate(chunks):
+            # Per chunk, so a draw's round trips queue behind chunks, not whole batches.
+            await self._draws.after_running_draws()
+            results.append(
+                await self.store.add_trajectories(
+                    chunk,
+                    request_id=chunk_request_id,
+                    searcher_id=searcher_id,
+                    # The lease is acknowledged once the whole batch is in.
+                    lease_id=lease_id if index == len(chunks) - 1 else "",
+                    now_s=self._clock(),
+                    digest=digest,
+                    run_id=run_id,
+                )
+            )
+        stored = sum(r.accepted for r in results if not r.replayed)
+        self._adds.add(stored)
+        if stored:  # a retry's replayed results stored nothing new
+            self._fresh.reached(max(t.policy_version for t in trajectories))
+        return AddResult(
+            accepted=sum(r.accepted for r in results),
+            replaced_duplicates=sum(r.replaced_duplicates for r in results),
+            evicted=sum(r.evicted for r in results),
+            replayed=all(r.replayed for r in results),
         )
-        if not result.replayed:
-            self._adds.add(result.accepted)
-            if result.accepted:  # a retry's replayed result stored nothing new
-                self._fresh.reached(max(t.policy_version for t in trajectories))
-        return result
 
     async def sample(self, spec: SampleSpec) -> Batch:
         """One draw of B groups; with `min_groups` and `wait_s`, a long poll: while a draw
@@ -359,6 +372,25 @@ def _groups(
         if trajectories and prompt_id in prompts:
             groups.append(PromptGroup(prompts[prompt_id], trajectories, sources[prompt_id]))
     return groups
+
+
+def store_chunks(
+    trajectories: Sequence[Trajectory], request_id: str, chunk_size: int
+) -> list[tuple[str, Sequence[Trajectory]]]:
+    """One add's store writes, (request id, trajectories) each: chunks of at most `chunk_size`
+    (0: one write). One chunk keeps the caller's id. Otherwise each chunk's id is the caller's
+    with its place and size after a space (which no caller's id holds), so a retry stores only
+    the chunks not stored yet, and a retry chunked otherwise (the setting changed in between)
+    stores its chunks again rather than skip any it never stored."""
+    size = chunk_size or len(trajectories)
+    if len(trajectories) <= size:
+        return [(request_id, trajectories)]
+    starts = range(0, len(trajectories), size)
+    chunks = [trajectories[start : start + size] for start in starts]
+    return [
+        (f"{request_id} {start}+{len(chunk)}", chunk)
+        for start, chunk in zip(starts, chunks, strict=True)
+    ]
 
 
 def growth_freeze_due(trainer_step: int, freeze_after_step: int) -> bool:
