@@ -134,20 +134,9 @@ class BufferService:
         chunks = store_chunks(stamped, request_id, self.settings.add_chunk_size)
         results = []
         for index, (chunk_request_id, chunk) in enumerate(chunks):
-            # Per chunk, so a draw's round trips queue behind chunks, not whole batches.
-            await self._draws.after_running_draws()
-            results.append(
-                await self.store.add_trajectories(
-                    chunk,
-                    request_id=chunk_request_id,
-                    searcher_id=searcher_id,
-                    # The lease is acknowledged once the whole batch is in.
-                    lease_id=lease_id if index == len(chunks) - 1 else "",
-                    now_s=self._clock(),
-                    digest=digest,
-                    run_id=run_id,
-                )
-            )
+            last = index == len(chunks) - 1  # the lease is acknowledged once all is in
+            request = (chunk_request_id, searcher_id, lease_id if last else "", digest, run_id)
+            results.append(await self._store_chunk(chunk, *request))
         stored = sum(r.accepted for r in results if not r.replayed)
         self._adds.add(stored)
         if stored:  # a retry's replayed results stored nothing new
@@ -157,6 +146,27 @@ class BufferService:
             replaced_duplicates=sum(r.replaced_duplicates for r in results),
             evicted=sum(r.evicted for r in results),
             replayed=all(r.replayed for r in results),
+        )
+
+    async def _store_chunk(
+        self,
+        chunk: Sequence[Trajectory],
+        request_id: str,
+        searcher_id: str,
+        lease_id: str,
+        digest: str,
+        run_id: str,
+    ) -> AddResult:
+        # After the draws running now: a chunk's script would hold up their round trips.
+        await self._draws.after_running_draws()
+        return await self.store.add_trajectories(
+            chunk,
+            request_id=request_id,
+            searcher_id=searcher_id,
+            lease_id=lease_id,
+            now_s=self._clock(),
+            digest=digest,
+            run_id=run_id,
         )
 
     async def sample(self, spec: SampleSpec) -> Batch:
