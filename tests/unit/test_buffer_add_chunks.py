@@ -13,13 +13,13 @@ from tba.buffer.config import BufferSettings
 from tba.buffer.memory_store import MemoryStore
 from tba.buffer.server import store_limits
 from tba.buffer.service import store_chunks
-from tba.domain import AddResult, SampleSpec
+from tba.domain import AddResult, SampleSpec, Trajectory
 from tba.errors import FailedPreconditionError, UnavailableError
 from tests.fixtures.data import trajectory
 from tests.unit.test_buffer_ingest_slots import HeldDrawStore, add_task, service_over
 
 
-def batch(size: int, reward: float = 1.0) -> list[Any]:
+def batch(size: int, reward: float = 1.0) -> list[Trajectory]:
     return [trajectory("a", (c,), reward=reward) for c in range(size)]
 
 
