@@ -39,7 +39,10 @@ def random_call(
     """One store call (name, arguments, keyword arguments) with arguments drawn to hit every
     path: id collisions, duplicate completions, replays, stale and unknown leases, evictions."""
     prompt_ids = [f"q{i}" for i in range(12)] + ["p1", "p3"]
-    kind = rng.choice(["put", "lease", "add", "add", "add", "read", "counters"])
+    kind = rng.choice(["put", "lease", "add", "add", "add", "read", "counters", "announce"])
+    if kind == "announce":  # moves the version a draw's age cut counts back from
+        version = rng.randint(0, 4)
+        return "announce_weights", (WeightVersion(version, "file:///w", "a" * 64, 0, now),), {}
     if kind == "put":
         ids = [rng.choice([*prompt_ids, "", ""]) for _ in range(rng.randint(1, 4))]
         return "put_prompts", ([Prompt(i, f"text {i}") for i in ids],), {}
@@ -82,6 +85,9 @@ def random_draw(rng: random.Random, prompt_ids: list[str]) -> PromptDraw:
         tuple(rng.random() for _ in range(groups)),
         tuple(rng.random() for _ in range(rng.randint(0, 10))),
         frozenset(rng.sample(prompt_ids, rng.randint(0, 3))),
+        recent_candidates=rng.randint(0, 4),
+        max_age_versions=rng.choice([None, 0, 1, 3]),
+        min_version=rng.choice([None, None, 0, 2]),
     )
 
 

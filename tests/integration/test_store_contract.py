@@ -26,6 +26,7 @@ from tba.domain import (
     FinishReason,
     Lease,
     Prompt,
+    SampleSource,
     TrainerReport,
     Trajectory,
     WeightVersion,
@@ -483,6 +484,30 @@ def test_a_draw_chooses_as_the_sampling_maths_do_and_reads_what_it_chose(
             assert drawn.prompts == {p: Prompt(p, f"question {p}") for p in expected}
             assert drawn.candidates == {p: (await candidates(store))[p] for p in expected}
             assert drawn.latest_version == 7
+
+    run(make_store, scenario)
+
+
+def test_a_draw_reads_only_the_candidates_its_prompts_can_give(make_store: MakeStore) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a", "b")
+        # "a" has versions 3, 4, 4, 5 and then a version 2 posted late; "b" 4 and 5
+        await add(store, *(trajectory("a", (i,), 0.5, v) for i, v in enumerate((3, 4, 4, 5, 2))))
+        await add(store, trajectory("b", (1,), 1.0, 4), trajectory("b", (2,), 0.0, 5))
+        await store.announce_weights(WeightVersion(5, "file:///w/5", "a" * 64, 50, NOW))
+        every = await candidates(store)
+
+        async def read(max_age: int | None, min_version: int | None) -> dict[str, list[Candidate]]:
+            # the window's first ("b", newest id) by recency, the first by rank ("a") by reward
+            draw = PromptDraw(2, 1, (0.0, 0.0), (0.0,), frozenset(), 1, max_age, min_version)
+            drawn = await store.draw_prompts(draw)
+            assert drawn.sources == {"b": SampleSource.RECENCY, "a": SampleSource.REWARD}
+            return drawn.candidates
+
+        # max age 1 behind version 5: from version 4; "b" by recency: its newest one only
+        assert await read(1, None) == {"a": every["a"][1:4], "b": every["b"][1:]}
+        assert await read(None, 5) == {"a": every["a"][3:4], "b": every["b"][1:]}  # fixed
+        assert await read(None, None) == {"a": every["a"], "b": every["b"][1:]}
 
     run(make_store, scenario)
 

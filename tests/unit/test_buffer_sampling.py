@@ -95,6 +95,38 @@ def test_min_version_allowed():
     assert sampling.min_version_allowed(2, 5) == 0
 
 
+def test_a_round_reads_candidates_from_a_floor_fixed_or_from_its_latest_version():
+    def floor(max_age: int | None, min_version: int | None) -> int:
+        draw = PromptDraw(4, 1, (0.5,), (), frozenset(), 8, max_age, min_version)
+        return sampling.candidate_floor(draw, 10)
+
+    assert floor(None, None) == 0
+    assert floor(3, None) == 7
+    assert floor(3, 9) == 9  # the draw's first round fixed it; a newer version since is not used
+    assert floor(None, 4) == 4
+
+
+def test_a_round_reads_what_select_completions_can_take_and_no_more():
+    # ids 1..6 oldest first; id 5 is an old version posted late
+    stored = _cands([0.0, 1.0, 0.0, 1.0, 0.0, 1.0], versions=[3, 4, 4, 5, 2, 5])
+    draw = PromptDraw(4, 1, (0.5,), (), frozenset(), 2, 1, None)
+
+    def read(source: SampleSource) -> list[Candidate]:
+        return sampling.usable_candidates(reversed(stored), source, draw, floor=4)
+
+    assert read(SampleSource.RECENCY) == [stored[3], stored[5]]  # the newest 2 of version 4+
+    assert read(SampleSource.REWARD) == [stored[1], stored[2], stored[3], stored[5]]
+    for source in SampleSource:  # what select_completions takes from all it takes from these
+        for seed in range(5):
+            everything, read_only = (
+                sampling.select_completions(c, 2, source, 1.0, 4, np.random.default_rng(seed))
+                for c in (stored, read(source))
+            )
+            assert everything == read_only
+    every = PromptDraw(4, 1, (0.5,), (), frozenset(), 0, None, None)
+    assert sampling.usable_candidates(reversed(stored), SampleSource.RECENCY, every, 0) == stored
+
+
 def test_uniform_prefix_is_uniform_without_replacement():
     rng = np.random.default_rng(7)
     counts: Counter[tuple[str, ...]] = Counter()

@@ -306,10 +306,17 @@ class MemoryStore:
         store = self._store
         window = [p for *_, p in itertools.islice(reversed(store.recency), draw.window)]
         sources = sampling.choose_prompts(window, store.ranked, draw)
+        latest_version = self._weights.version if self._weights else 0
+        floor = sampling.candidate_floor(draw, latest_version)
         return DrawnPrompts(
-            latest_version=self._weights.version if self._weights else 0,
+            latest_version=latest_version,
             sources=sources,
-            candidates={p: [self._candidate(i) for i in store.history[p]] for p in sources},
+            candidates={
+                p: sampling.usable_candidates(
+                    map(self._candidate, reversed(store.history[p])), source, draw, floor
+                )
+                for p, source in sources.items()
+            },
             prompts={p: self._prompts[p] for p in sources},
         )
 

@@ -171,7 +171,9 @@ class RedisStore:
         return int(await self._run("freeze_growth", [self._limits.capacity]))
 
     async def draw_prompts(self, draw: PromptDraw) -> DrawnPrompts:
-        args: list[Any] = [draw.window, draw.wanted_recent, len(draw.recent_uniforms)]
+        args: list[Any] = [draw.window, draw.wanted_recent, draw.recent_candidates]
+        args += [_or_minus_1(draw.max_age_versions), _or_minus_1(draw.min_version)]
+        args += [len(draw.recent_uniforms)]
         args += [repr(u) for u in draw.recent_uniforms]
         args += [len(draw.reward_uniforms), *(repr(u) for u in draw.reward_uniforms)]
         version, ids, flags, found, blobs = await self._run("draw_prompts", [*args, *draw.exclude])
@@ -289,6 +291,10 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _or_minus_1(value: int | None) -> int:
+    return -1 if value is None else value
 
 
 def _candidate(trajectory_id: bytes, meta: bytes) -> Candidate:

@@ -30,11 +30,21 @@ def plan_sources(
 
 
 def prompt_draw(
-    sources: Sequence[SampleSource], window: int, exclude: Iterable[str], rng: np.random.Generator
+    sources: Sequence[SampleSource],
+    window: int,
+    exclude: Iterable[str],
+    rng: np.random.Generator,
+    *,
+    recent_candidates: int = 0,
+    max_age_versions: int | None = None,
+    min_version: int | None = None,
 ) -> PromptDraw:
     """What a store needs to choose prompts for `sources`: a uniform per group for the
     recency side (which takes the reward side's slots it cannot fill) and spare ones for the
-    reward side, whose draws may repeat prompts or hit excluded ones."""
+    reward side, whose draws may repeat prompts or hit excluded ones; and which candidates
+    of theirs to read (`PromptDraw`): what `select_completions` can pick, no more (a prompt's
+    history holds up to `prompt_history`, most of them too old or, for the recency side,
+    beyond the newest K)."""
     wanted_reward = sum(s is SampleSource.REWARD for s in sources)
     return PromptDraw(
         window=window,
@@ -42,7 +52,35 @@ def prompt_draw(
         recent_uniforms=tuple(rng.random(len(sources)).tolist()),
         reward_uniforms=tuple(rng.random(_OVERSAMPLE * wanted_reward + 4).tolist()),
         exclude=frozenset(exclude),
+        recent_candidates=recent_candidates,
+        max_age_versions=max_age_versions,
+        min_version=min_version,
     )
+
+
+def candidate_floor(draw: PromptDraw, latest_version: int) -> int:
+    """The oldest policy version whose candidates a round reads."""
+    if draw.min_version is not None:
+        return draw.min_version
+    return min_version_allowed(latest_version, draw.max_age_versions)
+
+
+def usable_candidates(
+    newest_first: Iterable[Candidate], source: SampleSource, draw: PromptDraw, floor: int
+) -> list[Candidate]:
+    """A chosen prompt's candidates the round reads, oldest first, from its stored ones
+    newest first: those of version `floor` or newer, and for the recency side only the newest
+    `recent_candidates` of them (0: all), which are the ones `select_completions` takes.
+    lua/draw_prompts.lua reads the same."""
+    limit = draw.recent_candidates if source is SampleSource.RECENCY else 0
+    usable = []
+    for candidate in newest_first:
+        if candidate.policy_version >= floor:
+            usable.append(candidate)
+            if len(usable) == limit:
+                break
+    usable.reverse()
+    return usable
 
 
 def choose_prompts(

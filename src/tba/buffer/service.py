@@ -206,7 +206,15 @@ class BufferService:
             missing = sources[len(selected) :]
             if not missing:
                 break
-            draw = sampling.prompt_draw(missing, window, chosen, rng)
+            draw = sampling.prompt_draw(
+                missing,
+                window,
+                chosen,
+                rng,
+                recent_candidates=spec.samples_per_prompt,
+                max_age_versions=spec.max_age_versions,
+                min_version=None if latest_version is None else min_version,
+            )
             drawn = await self.store.draw_prompts(draw)
             if latest_version is None:
                 latest_version = drawn.latest_version

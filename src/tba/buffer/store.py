@@ -44,19 +44,26 @@ class Candidate:
 class PromptDraw:
     """One round of a draw's prompt choice (`sampling.choose_prompts`): up to
     len(recent_uniforms) distinct prompts, `wanted_recent` of them among the `window` first in
-    the recency order, the rest by rank, none in `exclude`."""
+    the recency order, the rest by rank, none in `exclude`; and which of their candidates the
+    round reads (`sampling.usable_candidates`): those of policy version `min_version` or newer
+    (None: `max_age_versions` behind the round's latest version; None too: every version),
+    and of a prompt chosen by recency only the newest `recent_candidates` (0: all)."""
 
     window: int
     wanted_recent: int
     recent_uniforms: tuple[float, ...]
     reward_uniforms: tuple[float, ...]
     exclude: frozenset[str]
+    recent_candidates: int = 0
+    max_age_versions: int | None = None
+    min_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class DrawnPrompts:
-    """A round's prompts, each with its source, its stored trajectories (oldest first) and
-    the prompt itself, and the newest announced weight version (0 before any)."""
+    """A round's prompts, each with its source, the candidates the draw asked for among its
+    stored trajectories (oldest first) and the prompt itself, and the newest announced
+    weight version (0 before any)."""
 
     latest_version: int
     sources: dict[str, SampleSource]
@@ -147,8 +154,8 @@ class BufferStore(Protocol):
     async def draw_prompts(self, draw: PromptDraw) -> DrawnPrompts:
         """The prompts `sampling.choose_prompts` picks for `draw` among those with
         trajectories (the window: by each prompt's newest policy version, then its newest
-        trajectory id, a prompt moving up only; ranks: by prompt id), read with
-        their candidates and the latest weight version in one consistent view."""
+        trajectory id, a prompt moving up only; ranks: by prompt id), read with the
+        candidates it asks for and the latest weight version in one consistent view."""
         ...
 
     async def get_trajectories(self, trajectory_ids: Sequence[int]) -> list[Trajectory]:

@@ -1,7 +1,9 @@
--- ARGV: window, wanted_recent, R, R recency uniforms, P, P reward uniforms, excluded ids.
+-- ARGV: window, wanted_recent, recent_candidates, max_age_versions (-1: none), min_version
+-- (-1: none), R, R recency uniforms, P, P reward uniforms, excluded ids.
 -- Chooses a draw's prompts as sampling.choose_prompts does, in one round trip with what the
--- draw reads next. Returns {latest weight version, {prompt ids}, {1 recency / 0 reward per
--- prompt}, {{trajectory ids, oldest first}, {their meta}} per prompt, {prompt blobs}}.
+-- draw reads next: the candidates sampling.usable_candidates reads. Returns {latest weight
+-- version, {prompt ids}, {1 recency / 0 reward per prompt}, {{trajectory ids, oldest
+-- first}, {their meta}} per prompt, {prompt blobs}}.
 local function rank_of(u, n)
   return math.min(math.max(math.floor(tonumber(u) * n), 0), n - 1)
 end
@@ -21,9 +23,16 @@ local function uniform_prefix(items, first, count)
   return picked
 end
 
-local wanted_recent, n_recent = tonumber(ARGV[2]), tonumber(ARGV[3])
+local wanted_recent, n_recent = tonumber(ARGV[2]), tonumber(ARGV[6])
+local recent_candidates = tonumber(ARGV[3])
+local latest = redis.call('HGET', key('weights'), 'version') or '0'
+-- sampling.candidate_floor
+local max_age, floor = tonumber(ARGV[4]), tonumber(ARGV[5])
+if floor < 0 then
+  floor = max_age < 0 and 0 or math.max(0, tonumber(latest) - max_age)
+end
 local wanted_reward = n_recent - wanted_recent
-local reward_at = 5 + n_recent
+local reward_at = 8 + n_recent
 local n_reward = tonumber(ARGV[reward_at - 1])
 local taken = {}
 for i = reward_at + n_reward, #ARGV do
@@ -41,7 +50,7 @@ if tonumber(ARGV[1]) > 0 then
   end
 end
 
-local recent = uniform_prefix(window, 4, math.min(wanted_recent, n_recent))
+local recent = uniform_prefix(window, 7, math.min(wanted_recent, n_recent))
 for _, prompt_id in ipairs(recent) do
   taken[prompt_id] = true
 end
@@ -66,23 +75,37 @@ for _, prompt_id in ipairs(window) do
 end
 
 local ids, flags, found, blobs = {}, {}, {}, {}
+-- sampling.usable_candidates: newest first, those of version `floor` or newer (a meta
+-- starts with its version), a recency-chosen prompt's only up to `recent_candidates`.
 local function choose(prompt_id, flag)
   local history = redis.call('ZRANGE', key('h:' .. prompt_id), 0, -1)
-  local metas = {}
-  for j, id in ipairs(history) do
-    metas[j] = redis.call('HGET', key('meta'), id)
+  local limit = flag == 1 and recent_candidates or 0
+  local usable, metas = {}, {}
+  for j = #history, 1, -1 do
+    local meta = redis.call('HGET', key('meta'), history[j])
+    if floor == 0 or tonumber(string.match(meta, '^%S+')) >= floor then
+      usable[#usable + 1], metas[#usable + 1] = history[j], meta
+      if #usable == limit then
+        break
+      end
+    end
+  end
+  local n = #usable
+  for j = 1, math.floor(n / 2) do  -- oldest first
+    usable[j], usable[n + 1 - j] = usable[n + 1 - j], usable[j]
+    metas[j], metas[n + 1 - j] = metas[n + 1 - j], metas[j]
   end
   ids[#ids + 1] = prompt_id
-  flags[#ids], found[#ids] = flag, {history, metas}
+  flags[#ids], found[#ids] = flag, {usable, metas}
   blobs[#ids] = redis.call('HGET', key('prompts'), prompt_id)
 end
 for _, prompt_id in ipairs(recent) do
   choose(prompt_id, 1)
 end
-for _, prompt_id in ipairs(uniform_prefix(rest, 4 + wanted_recent, wanted_reward - #reward)) do
+for _, prompt_id in ipairs(uniform_prefix(rest, 7 + wanted_recent, wanted_reward - #reward)) do
   choose(prompt_id, 1)
 end
 for _, prompt_id in ipairs(reward) do
   choose(prompt_id, 0)
 end
-return {redis.call('HGET', key('weights'), 'version') or '0', ids, flags, found, blobs}
+return {latest, ids, flags, found, blobs}
