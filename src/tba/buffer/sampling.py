@@ -41,10 +41,9 @@ def prompt_draw(
 ) -> PromptDraw:
     """What a store needs to choose prompts for `sources`: a uniform per group for the
     recency side (which takes the reward side's slots it cannot fill) and spare ones for the
-    reward side, whose draws may repeat prompts or hit excluded ones; and which candidates
-    of theirs to read (`PromptDraw`): what `select_completions` can pick, no more (a prompt's
-    history holds up to `prompt_history`, most of them too old or, for the recency side,
-    beyond the newest K)."""
+    reward side, whose draws may repeat prompts or hit excluded ones; and which of their
+    candidates to read (`PromptDraw`): what `select_completions` can take of them, not a
+    prompt's whole history (up to `prompt_history`)."""
     wanted_reward = sum(s is SampleSource.REWARD for s in sources)
     return PromptDraw(
         window=window,
