@@ -198,8 +198,8 @@ class BufferService:
         chosen: dict[str, SampleSource] = {}
         selected: dict[str, list[int]] = {}
         prompts: dict[str, Prompt] = {}
-        latest_version: int | None = None
-        min_version, window = 0, self.settings.recency_window
+        latest_version, window = 0, self.settings.recency_window
+        min_version: int | None = None  # the draw's age cut, fixed by its first round
         # A round chooses prompts and reads their candidates in one round trip (each one waits
         # behind the adds' scripts in Redis); another round tops up groups that fell short.
         for _ in range(_TOP_UP_ROUNDS):
@@ -213,12 +213,12 @@ class BufferService:
                 rng,
                 recent_candidates=spec.samples_per_prompt,
                 max_age_versions=spec.max_age_versions,
-                min_version=None if latest_version is None else min_version,
+                min_version=min_version,
             )
             drawn = await self.store.draw_prompts(draw)
-            if latest_version is None:
+            if min_version is None:
                 latest_version = drawn.latest_version
-                min_version = sampling.min_version_allowed(latest_version, spec.max_age_versions)
+                min_version = sampling.candidate_floor(draw, latest_version)
             if not drawn.sources:
                 break
             chosen.update(drawn.sources)
@@ -226,7 +226,7 @@ class BufferService:
             selected.update(self._select(drawn, spec, min_version, rng))
         trajectories = await self.store.get_trajectories([i for v in selected.values() for i in v])
         groups = _groups(selected, chosen, prompts, trajectories)
-        return Batch(groups=groups, latest_version=latest_version or 0), min_version
+        return Batch(groups=groups, latest_version=latest_version), min_version or 0
 
     def _select(
         self, drawn: DrawnPrompts, spec: SampleSpec, min_version: int, rng: np.random.Generator

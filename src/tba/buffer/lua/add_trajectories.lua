@@ -49,10 +49,6 @@ local version_delta, bin_delta, newest_of = {}, {}, {}
 local sizes = {}
 local stored = redis.call('HLEN', key('meta'))
 
-local function parse(meta)
-  return string.match(meta, '^(%S+) (%S+) (%S+) (%S+) (.+)$')
-end
-
 local function history_size(prompt_id)
   if not sizes[prompt_id] then
     sizes[prompt_id] = redis.call('ZCARD', key('h:' .. prompt_id))
@@ -87,7 +83,7 @@ local function remove(id, next_first)
     meta = redis.call('HGET', key('meta'), id)
     deleted[#deleted + 1] = id
   end
-  local version, bin, reward, digest, prompt_id = parse(meta)
+  local version, bin, reward, digest, prompt_id = parse_meta(meta)
   local history, digests = key('h:' .. prompt_id), key('d:' .. prompt_id)
   local size = history_size(prompt_id) - 1
   redis.call('ZREM', history, id)
@@ -118,7 +114,7 @@ local function remove_oldest(prompt_id)
 end
 
 local function insert(id, blob, meta)
-  local version, bin, reward, digest, prompt_id = parse(meta)
+  local version, bin, reward, digest, prompt_id = parse_meta(meta)
   local size = history_size(prompt_id) + 1
   new_blob[id], new_meta[id] = blob, meta
   redis.call('ZADD', key('h:' .. prompt_id), id, id)
@@ -143,7 +139,7 @@ end
 
 local function add(id, blob, meta)
   if dedup then
-    local _, _, _, digest, prompt_id = parse(meta)
+    local _, _, _, digest, prompt_id = parse_meta(meta)
     local old = redis.call('HGET', key('d:' .. prompt_id), digest)
     if old then
       remove(old)

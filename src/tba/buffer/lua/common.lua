@@ -11,6 +11,12 @@ local function int(n)
   return string.format('%d', n)
 end
 
+-- A trajectory's meta field, "version bin reward digest prompt_id" (RedisStore writes it):
+-- its five parts, as strings.
+local function parse_meta(meta)
+  return string.match(meta, '^(%S+) (%S+) (%S+) (%S+) (.+)$')
+end
+
 -- Ends a lease: each of its prompts still under it loses that mark and, when `requeue_ms`
 -- is given, becomes available then (the back of the rotation).
 local function release_lease(lease_id, requeue_ms)

@@ -75,15 +75,15 @@ for _, prompt_id in ipairs(window) do
 end
 
 local ids, flags, found, blobs = {}, {}, {}, {}
--- sampling.usable_candidates: newest first, those of version `floor` or newer (a meta
--- starts with its version), a recency-chosen prompt's only up to `recent_candidates`.
+-- sampling.usable_candidates: newest first, those of version `floor` or newer, a
+-- recency-chosen prompt's only up to `recent_candidates`.
 local function choose(prompt_id, flag)
   local history = redis.call('ZRANGE', key('h:' .. prompt_id), 0, -1)
   local limit = flag == 1 and recent_candidates or 0
   local usable, metas = {}, {}
   for j = #history, 1, -1 do
     local meta = redis.call('HGET', key('meta'), history[j])
-    if floor == 0 or tonumber(string.match(meta, '^%S+')) >= floor then
+    if floor == 0 or tonumber((parse_meta(meta))) >= floor then
       usable[#usable + 1], metas[#usable + 1] = history[j], meta
       if #usable == limit then
         break
