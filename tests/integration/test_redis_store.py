@@ -73,7 +73,10 @@ def random_call(
     if kind == "read":
         if rng.random() < 0.5:
             return "draw_prompts", (random_draw(rng, prompt_ids),), {}
-        return "get_trajectories", ([rng.randint(1, 200) for _ in range(6)],), {}
+        if rng.random() < 0.5:
+            return "get_trajectories", ([rng.randint(1, 200) for _ in range(6)],), {}
+        groups = [[rng.randint(1, 200) for _ in range(rng.randint(0, 4))] for _ in range(3)]
+        return "read_sampled", (groups,), {}
     return "counters", (now,), {}
 
 
@@ -177,7 +180,7 @@ async def fill(store: BufferStore) -> str:
             now_s=NOW + i,
             digest=f"d{i}",
         )
-    await store.record_sampled(3)
+    await store.read_sampled([[1, 2], [3], [999]])
     await store.announce_weights(WeightVersion(4, "file:///w/4", "c" * 64, 8, NOW))
     return lease.lease_id
 

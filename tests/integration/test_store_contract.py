@@ -215,6 +215,23 @@ def test_trajectories_get_increasing_ids_and_round_trip(make_store: MakeStore) -
     run(make_store, scenario)
 
 
+def test_read_sampled_reads_groups_in_order_and_counts_those_still_there(
+    make_store: MakeStore,
+) -> None:
+    async def scenario(store: BufferStore) -> None:
+        await put(store, "a", "b")
+        sent = [trajectory("a", (1,)), trajectory("b", (2,)), trajectory("a", (3,), 0.5, 1)]
+        await add(store, *sent)
+        read = await store.read_sampled([[3, 1], [98, 99], [99, 2], []])
+        assert [[t.id for t in group] for group in read] == [[3, 1], [], [2], []]
+        assert read[0][0] == dataclasses.replace(sent[2], id=3)
+        assert (await store.counters(NOW)).groups_sampled_total == 2
+        assert await store.read_sampled([]) == []
+        assert (await store.counters(NOW)).groups_sampled_total == 2
+
+    run(make_store, scenario)
+
+
 def test_token_logprobs_round_trip_beside_trajectories_without_them(
     make_store: MakeStore,
 ) -> None:
@@ -525,8 +542,8 @@ def test_counters_aggregate_what_is_stored(make_store: MakeStore) -> None:
         await put(store, "a", "b")
         await store.lease_prompts("s1", 1, lease_s=5.0, now_s=NOW)
         await add(store, *(trajectory("a", (i,), r, i % 2) for i, r in enumerate(REWARDS)))
-        await store.record_sampled(3)
-        await store.record_sampled(4)
+        await store.read_sampled([[1], [2, 3], [4]])
+        await store.read_sampled([[5], [6], [1, 99], [99], [2]])
         counters = await store.counters(NOW)
         assert counters.trajectories == len(REWARDS) and counters.prompts == 2
         assert counters.prompts_with_trajectories == 1
@@ -536,7 +553,7 @@ def test_counters_aggregate_what_is_stored(make_store: MakeStore) -> None:
         assert counters.reward_histogram_counts == [3, 3]
         assert counters.reward_sum == pytest.approx(sum(REWARDS))
         assert counters.per_version == {0: 3, 1: 3}
-        assert counters.groups_sampled_total == 7
+        assert counters.groups_sampled_total == 7  # 3 + 4: [99] is no group
         assert counters.trajectories_added_total == 6 and counters.evicted_total == 0
 
     run(make_store, scenario)

@@ -71,6 +71,19 @@ def test_adds_the_draw_cannot_use_do_not_end_the_wait():
     asyncio.run(scenario())
 
 
+def test_a_wait_that_ends_short_answers_and_counts_what_its_last_draw_selected():
+    async def scenario() -> None:
+        service = _service(sample_recheck_s=0.1)  # several draws fall short in the wait
+        await service.put_prompts([Prompt("a", "q"), Prompt("b", "q")])
+        await _add(service, "a")
+        batch = await service.sample(_long_poll(2, wait_s=0.5))
+        assert [g.prompt.id for g in batch.groups] == ["a"] and batch.waited_s >= 0.4
+        assert sorted(t.id for t in batch.groups[0].trajectories) == [1, 2]
+        assert (await service.stats()).groups_sampled_total == 1
+
+    asyncio.run(scenario())
+
+
 def test_a_long_poll_finds_adds_another_process_served_within_the_recheck_interval():
     async def scenario() -> None:
         shared = MemoryStore(store_limits(BufferSettings()))

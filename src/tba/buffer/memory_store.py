@@ -328,8 +328,10 @@ class MemoryStore:
         by_id = self._store.by_id
         return [dataclasses.replace(by_id[i].trajectory) for i in trajectory_ids if i in by_id]
 
-    async def record_sampled(self, groups: int) -> None:
-        self._groups_total += groups
+    async def read_sampled(self, groups: Sequence[Sequence[int]]) -> list[list[Trajectory]]:
+        read = [await self.get_trajectories(ids) for ids in groups]
+        self._groups_total += sum(1 for trajectories in read if trajectories)
+        return read
 
     async def counters(self, now_s: float) -> StoreCounters:
         store = self._store

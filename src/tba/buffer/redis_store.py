@@ -56,6 +56,7 @@ SCRIPTS = (
     "lease_prompts",
     "add_trajectories",
     "draw_prompts",
+    "read_sampled",
     "announce_weights",
     "register_run",
     "freeze_growth",
@@ -204,9 +205,16 @@ class RedisStore:
             if b is not None
         ]
 
-    async def record_sampled(self, groups: int) -> None:
-        with _unavailable_on_connection_error(self._url):
-            await self._redis.hincrby(self._key("state"), "groups_total", groups)
+    async def read_sampled(self, groups: Sequence[Sequence[int]]) -> list[list[Trajectory]]:
+        if not groups:
+            return []
+        blobs = await self._run("read_sampled", [x for ids in groups for x in (len(ids), *ids)])
+        read, at = [], 0
+        for ids in groups:
+            found = zip(ids, blobs[at : at + len(ids)], strict=True)
+            read.append([codec.decode_trajectory(b, i) for i, b in found if b is not None])
+            at += len(ids)
+        return read
 
     async def counters(self, now_s: float) -> StoreCounters:
         bins = len(self._limits.reward_histogram_edges) - 1

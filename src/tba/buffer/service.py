@@ -37,6 +37,16 @@ _TOP_UP_ROUNDS = 3
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Selection:
+    """A draw's choice before its trajectories are read: (prompt, trajectory ids, source)
+    per group, in the order chosen; the latest version it saw, and its age cut."""
+
+    groups: list[tuple[Prompt, list[int], SampleSource]]
+    latest_version: int
+    min_version: int
+
+
 class RateMeter:
     """Events per second over a sliding window."""
 
@@ -171,7 +181,7 @@ class BufferService:
 
     async def sample(self, spec: SampleSpec) -> Batch:
         """One draw of B groups; with `min_groups` and `wait_s`, a long poll: while a draw
-        holds fewer than `min_groups` groups, waits for an add of completions it could use
+        selects fewer than `min_groups` groups, waits for an add of completions it could use
         and draws again, until `wait_s` has passed (then answers the last draw). Each wait
         lasts at most `sample_recheck_s`, since adds served by another process on the same
         store wake nobody here."""
@@ -181,19 +191,25 @@ class BufferService:
             await self._freeze_growth_when_due(spec.report.step)
         rng = np.random.default_rng(spec.seed)
 
-        async def draw() -> tuple[Batch, bool, int]:
+        async def draw() -> tuple[tuple[_Selection, Batch | None], bool, int]:
             async with self._draws.drawing():
-                batch, min_version = await self._draw(spec, rng)
-            return batch, len(batch.groups) >= spec.min_groups, min_version
+                selection = await self._draw(spec, rng)
+                if len(selection.groups) < spec.min_groups:
+                    return (selection, None), False, selection.min_version
+                # Read in the same turn as the draw: no add's script queues before it.
+                return (selection, await self._read(selection)), True, selection.min_version
 
         recheck_s = self.settings.sample_recheck_s
-        batch, waited_s = await waiting.long_poll(self._fresh, draw, spec.wait_s, recheck_s)
-        await self.store.record_sampled(len(batch.groups))
+        drawn, waited_s = await waiting.long_poll(self._fresh, draw, spec.wait_s, recheck_s)
+        selection, batch = drawn
+        if batch is None:  # the wait ended on a draw short of `min_groups`
+            async with self._draws.drawing():
+                batch = await self._read(selection)
         self._samples.add(len(batch.groups))
         return dataclasses.replace(batch, waited_s=waited_s)
 
-    async def _draw(self, spec: SampleSpec, rng: np.random.Generator) -> tuple[Batch, int]:
-        """Up to B groups by reward and recency, and the oldest policy version it allowed."""
+    async def _draw(self, spec: SampleSpec, rng: np.random.Generator) -> _Selection:
+        """Up to B groups' trajectory ids, by reward and recency."""
         sources = sampling.plan_sources(spec.num_prompts, spec.recency_probability, rng)
         chosen: dict[str, SampleSource] = {}
         selected: dict[str, list[int]] = {}
@@ -224,9 +240,19 @@ class BufferService:
             chosen.update(drawn.sources)
             prompts.update(drawn.prompts)
             selected.update(self._select(drawn, spec, min_version, rng))
-        trajectories = await self.store.get_trajectories([i for v in selected.values() for i in v])
-        groups = _groups(selected, chosen, prompts, trajectories)
-        return Batch(groups=groups, latest_version=latest_version), min_version or 0
+        groups = [(prompts[p], ids, chosen[p]) for p, ids in selected.items() if p in prompts]
+        return _Selection(groups, latest_version, min_version or 0)
+
+    async def _read(self, selection: _Selection) -> Batch:
+        """The selected groups whose trajectories are still there (an add may evict between
+        a draw's round trips), in the order chosen, counted as sampled."""
+        read = await self.store.read_sampled([ids for _, ids, _ in selection.groups])
+        groups = [
+            PromptGroup(prompt, trajectories, source)
+            for (prompt, _, source), trajectories in zip(selection.groups, read, strict=True)
+            if trajectories
+        ]
+        return Batch(groups=groups, latest_version=selection.latest_version)
 
     def _select(
         self, drawn: DrawnPrompts, spec: SampleSpec, min_version: int, rng: np.random.Generator
@@ -373,23 +399,6 @@ class BufferService:
     async def check_store(self) -> None:
         """Returns once the store has answered a read; UnavailableError while it cannot."""
         await self.store.latest_weights()
-
-
-def _groups(
-    selected: dict[str, list[int]],
-    sources: dict[str, SampleSource],
-    prompts: dict[str, Prompt],
-    stored: list[Trajectory],
-) -> list[PromptGroup]:
-    """The groups whose prompt and trajectories are still there (an add may evict between
-    a draw's round trips), in the order chosen."""
-    by_id = {t.id: t for t in stored}
-    groups = []
-    for prompt_id, ids in selected.items():
-        trajectories = [by_id[i] for i in ids if i in by_id]
-        if trajectories and prompt_id in prompts:
-            groups.append(PromptGroup(prompts[prompt_id], trajectories, sources[prompt_id]))
-    return groups
 
 
 def store_chunks(
