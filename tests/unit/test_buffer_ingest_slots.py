@@ -77,6 +77,35 @@ def test_adds_beyond_the_slots_wait_their_turn_and_all_are_stored():
     asyncio.run(scenario())
 
 
+def test_a_call_waiting_its_turn_converts_what_it_received_only_once_its_turn_comes():
+    async def scenario() -> None:
+        store, service = await service_over(HeldStore, BufferSettings(adds_in_flight=1))
+        converted: list[str] = []
+
+        def conversion(request_id: str, token: int) -> Callable[[], list[Trajectory]]:
+            def convert() -> list[Trajectory]:
+                converted.append(request_id)
+                return [trajectory("a", (token,))]
+
+            return convert
+
+        adds = [
+            asyncio.create_task(
+                service.add_received(
+                    0, conversion(r, token), request_id=r, searcher_id="s1", lease_id=""
+                )
+            )
+            for token, r in enumerate(("r0", "r1"))
+        ]
+        await asyncio.sleep(0.05)
+        assert converted == ["r0"]  # r1 waits for the slot, its request not converted yet
+        store.release.set()
+        results = await asyncio.gather(*adds)
+        assert converted == ["r0", "r1"] and [r.accepted for r in results] == [1, 1]
+
+    asyncio.run(scenario())
+
+
 class OrderStore(HeldStore):
     """Holds adds as HeldStore does and keeps the versions in the order they came to store."""
 

@@ -121,8 +121,32 @@ class BufferService:
         stores after them (its script would hold up their round trips in the store). A retry
         whose chunks were all stored before is `replayed`."""
         newest_version = max((t.policy_version for t in trajectories), default=0)
+        return await self.add_received(
+            newest_version,
+            lambda: trajectories,
+            request_id=request_id,
+            searcher_id=searcher_id,
+            lease_id=lease_id,
+            run_id=run_id,
+        )
+
+    async def add_received(
+        self,
+        newest_version: int,
+        convert: Callable[[], Sequence[Trajectory]],
+        *,
+        request_id: str,
+        searcher_id: str,
+        lease_id: str,
+        run_id: str = "",
+    ) -> AddResult:
+        """`add_trajectories` for a transport: `convert` makes the trajectories from what it
+        received once the call's turn comes (`newest_version`, the batch's newest policy
+        version, places it among the waiting calls), so that calls waiting their turn take
+        none of the event loop's time from a Sample."""
         async with self._add_slots.slot(newest_version):
             await self._draws.after_running_draws()
+            trajectories = convert()
             return await self._add(request_id, searcher_id, lease_id, trajectories, run_id)
 
     async def _add(

@@ -116,9 +116,10 @@ class ReplayBufferServicer(pb_grpc.ReplayBufferServicer):
 
     @_maps_errors
     async def AddTrajectories(self, request: Any, context: Any) -> pb.AddTrajectoriesResponse:
-        trajectories = [proto_convert.trajectory_from_pb(t) for t in request.trajectories]
-        result = await self._service.add_trajectories(
-            trajectories,
+        received = request.trajectories
+        result = await self._service.add_received(
+            max((t.policy_version for t in received), default=0),
+            lambda: [proto_convert.trajectory_from_pb(t) for t in received],
             request_id=request.request_id,
             searcher_id=request.searcher_id,
             lease_id=request.lease_id,
