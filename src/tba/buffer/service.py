@@ -146,16 +146,18 @@ class BufferService:
         none of the event loop's time from a Sample."""
         async with self._add_slots.slot(newest_version):
             await self._draws.after_running_draws()
-            trajectories = convert()
-            return await self._add(request_id, searcher_id, lease_id, trajectories, run_id)
+            return await self._add(
+                convert(), request_id, searcher_id, lease_id, run_id, newest_version
+            )
 
     async def _add(
         self,
+        trajectories: Sequence[Trajectory],
         request_id: str,
         searcher_id: str,
         lease_id: str,
-        trajectories: Sequence[Trajectory],
         run_id: str,
+        newest_version: int,
     ) -> AddResult:
         validation.check_add(request_id, searcher_id, lease_id, trajectories, self.settings, run_id)
         digest = codec.request_digest(searcher_id, lease_id, trajectories)
@@ -174,7 +176,7 @@ class BufferService:
         stored = sum(r.accepted for r in results if not r.replayed)
         self._adds.add(stored)
         if stored:  # a retry's replayed results stored nothing new
-            self._fresh.reached(max(t.policy_version for t in trajectories))
+            self._fresh.reached(newest_version)
         return AddResult(
             accepted=sum(r.accepted for r in results),
             replaced_duplicates=sum(r.replaced_duplicates for r in results),
