@@ -99,6 +99,11 @@ async def add(
     )
 
 
+def stored(sent: Trajectory, trajectory_id: int) -> Trajectory:
+    """`sent` as a store keeps it when `add` sent it: under its id and the request's searcher."""
+    return dataclasses.replace(sent, id=trajectory_id, searcher_id="s1")
+
+
 async def leased(
     store: BufferStore, max_prompts: int, now: float, lease_s: float = 100.0
 ) -> tuple[str, list[str]]:
@@ -195,7 +200,9 @@ def test_leasing_records_the_searcher(make_store: MakeStore) -> None:
     run(make_store, scenario)
 
 
-def test_trajectories_get_increasing_ids_and_round_trip(make_store: MakeStore) -> None:
+def test_trajectories_get_increasing_ids_and_round_trip_under_the_requests_searcher(
+    make_store: MakeStore,
+) -> None:
     async def scenario(store: BufferStore) -> None:
         await put(store, "a", "b")
         sent = [trajectory("a", (1,)), trajectory("b", (2,)), trajectory("a", (3,), 0.25, 2)]
@@ -207,8 +214,8 @@ def test_trajectories_get_increasing_ids_and_round_trip(make_store: MakeStore) -
         assert await ids_of(store, "b") == [2]
         got = await store.get_trajectories([3, 1, 99, 2])
         assert [t.id for t in got] == [3, 1, 2]
-        assert got[0] == dataclasses.replace(sent[2], id=3)
-        assert got[2] == dataclasses.replace(sent[1], id=2)
+        assert got[0] == stored(sent[2], 3)  # under "s1", not its own "s9"
+        assert got[2] == stored(sent[1], 2)
         assert await add(store, trajectory("b", (4,))) == AddResult(1, 0, 0)
         assert await ids_of(store, "b") == [2, 4]
 
@@ -224,7 +231,7 @@ def test_read_sampled_reads_groups_in_order_and_counts_those_still_there(
         await add(store, *sent)
         read = await store.read_sampled([[3, 1], [98, 99], [99, 2], []])
         assert [[t.id for t in group] for group in read] == [[3, 1], [], [2], []]
-        assert read[0][0] == dataclasses.replace(sent[2], id=3)
+        assert read[0][0] == stored(sent[2], 3)
         assert (await store.counters(NOW)).groups_sampled_total == 2
         assert await store.read_sampled([]) == []
         assert (await store.counters(NOW)).groups_sampled_total == 2
@@ -241,7 +248,7 @@ def test_token_logprobs_round_trip_beside_trajectories_without_them(
         sent = [with_tokens, trajectory("a", (7,))]
         assert await add(store, *sent) == AddResult(accepted=2, replaced_duplicates=0, evicted=0)
         got = await store.get_trajectories([1, 2])
-        assert got == [dataclasses.replace(t, id=i) for i, t in enumerate(sent, 1)]
+        assert got == [stored(t, i) for i, t in enumerate(sent, 1)]
         assert got[1].behavior_token_logprobs == got[1].ref_token_logprobs == b""
 
     run(make_store, scenario)
@@ -258,7 +265,7 @@ def test_sampling_temperatures_round_trip_beside_trajectories_without_them(
         sent = [drawn, ranged, trajectory("a", (7,))]
         assert await add(store, *sent) == AddResult(accepted=3, replaced_duplicates=0, evicted=0)
         got = await store.get_trajectories([1, 2, 3])
-        assert got == [dataclasses.replace(t, id=i) for i, t in enumerate(sent, 1)]
+        assert got == [stored(t, i) for i, t in enumerate(sent, 1)]
         assert [t.sampling_temperature for t in got] == [1.37, 0.71, 0.0]
 
     run(make_store, scenario)

@@ -42,6 +42,15 @@ def test_trajectory_round_trips_exactly(t: Trajectory, trajectory_id: int) -> No
     assert decoded == t
 
 
+@given(trajectories(), ident)
+def test_a_trajectory_encoded_under_another_searcher_is_that_searchers(
+    t: Trajectory, searcher_id: str
+) -> None:
+    blob = codec.encode_trajectory(t, searcher_id)
+    assert blob == codec.encode_trajectory(dataclasses.replace(t, searcher_id=searcher_id))
+    assert codec.decode_trajectory(blob, 1).searcher_id == searcher_id
+
+
 def test_trajectory_id_is_not_part_of_the_blob() -> None:
     t = Trajectory("p1", pack_tokens([1]), pack_tokens([2, 3]), "ab", 1.0, -1.0, -2.0, 3)
     t.id = 99

@@ -46,10 +46,13 @@ def _trajectory_version(t: Trajectory) -> int:
     return 2 if t.behavior_token_logprobs or t.ref_token_logprobs else 1
 
 
-def encode_trajectory(t: Trajectory) -> bytes:
-    """The storage blob of `t`; its `id` is not part of it (the store keys blobs by id)."""
+def encode_trajectory(t: Trajectory, searcher_id: str | None = None) -> bytes:
+    """The storage blob of `t`, under `searcher_id` when given (a store keeps each trajectory
+    under the id of the searcher whose request added it), else `t`'s own; its `id` is not
+    part of it (the store keys blobs by id)."""
     version = _trajectory_version(t)
-    parts = [t.prompt_id.encode(), t.searcher_id.encode(), t.prompt_token_ids]
+    searcher = t.searcher_id if searcher_id is None else searcher_id
+    parts = [t.prompt_id.encode(), searcher.encode(), t.prompt_token_ids]
     parts += [t.completion_token_ids, t.completion_text.encode()]
     if version > 1:
         parts += [t.behavior_token_logprobs, t.ref_token_logprobs]

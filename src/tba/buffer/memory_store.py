@@ -124,8 +124,9 @@ class _Trajectories:
         self.capacity = limits.capacity
         self.frozen = False
 
-    def add(self, t: Trajectory) -> tuple[int, int]:
-        """Stores a copy of `t` under a new id; returns (replaced duplicates, evicted)."""
+    def add(self, t: Trajectory, searcher_id: str) -> tuple[int, int]:
+        """Stores a copy of `t` under a new id and `searcher_id`; returns (replaced duplicates,
+        evicted)."""
         self._next_id += 1
         digest = codec.completion_digest(t.completion_token_ids)
         replaced = evicted = 0
@@ -133,7 +134,7 @@ class _Trajectories:
         if old is not None:
             self._remove(old)
             replaced = 1
-        self._insert(dataclasses.replace(t, id=self._next_id), digest)
+        self._insert(dataclasses.replace(t, id=self._next_id, searcher_id=searcher_id), digest)
         history = self.history[t.prompt_id]
         if len(history) > self._limits.prompt_history:
             self._remove(next(iter(history)))
@@ -277,7 +278,7 @@ class MemoryStore:
             return dataclasses.replace(seen.result, replayed=True)
         replaced = evicted = 0
         for t in trajectories:
-            r, e = self._store.add(t)
+            r, e = self._store.add(t, searcher_id)
             replaced += r
             evicted += e
         result = AddResult(len(trajectories), replaced, evicted)

@@ -159,7 +159,7 @@ class RedisStore:
         for t in trajectories:
             completion = codec.completion_digest(t.completion_token_ids)
             meta = f"{t.policy_version} {codec.reward_bin(edges, t.reward)} {t.reward!r}"
-            args += [codec.encode_trajectory(t), f"{meta} {completion} {t.prompt_id}"]
+            args += [codec.encode_trajectory(t, searcher_id), f"{meta} {completion} {t.prompt_id}"]
         status, result = await self._run("add_trajectories", args)
         if status == _OTHER_RUN:
             check_tagged(result.decode(), run_id)

@@ -166,8 +166,7 @@ class BufferService:
         unknown = sorted(prompt_ids - known.keys())
         if unknown:
             raise InvalidArgumentError(f"unknown prompt ids: {', '.join(unknown[:10])}")
-        stamped = [dataclasses.replace(t, searcher_id=searcher_id) for t in trajectories]
-        chunks = store_chunks(stamped, request_id, self.settings.add_chunk_size)
+        chunks = store_chunks(trajectories, request_id, self.settings.add_chunk_size)
         results = []
         for index, (chunk_request_id, chunk) in enumerate(chunks):
             last = index == len(chunks) - 1  # the lease is acknowledged once all is in

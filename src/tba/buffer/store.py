@@ -134,8 +134,9 @@ class BufferStore(Protocol):
         digest: str,
         run_id: str = "",
     ) -> AddResult:
-        """Atomically stores validated trajectories of existing prompts, enforcing dedup,
-        per-prompt history and capacity. First, `run_id` must be the registered run's
+        """Atomically stores validated trajectories of existing prompts, each under
+        `searcher_id` (whatever its own field says), enforcing dedup, per-prompt history and
+        capacity. First, `run_id` must be the registered run's
         (`runs.check_tagged`: empty only while none is), else FailedPreconditionError.
         `digest` identifies the request's content (`codec.request_digest`) and is kept
         with `request_id`: a repeated id with the same digest returns the first result,
