@@ -7,12 +7,16 @@ Completions are the size the demo's searchers post: a sum near the right one in 
 <eos> (at most `max_new_tokens` = 5 tokens) under the tiny char-level tokenizer, rewarded 1
 when exact. Searchers are threads, each with its own BufferClient (its own gRPC channel),
 spread over a few processes (`SearcherPool`) so that 64 of them fit 2 cores and the
-trainer's process keeps its interpreter to itself.
+trainer's process keeps its interpreter to itself. Those processes stand for machines of
+their own, so they run at the lowest CPU priority: their own work (a quarter of a core at
+N = 64) takes the time the buffer service, Redis and the trainer leave over instead of
+sharing the cores with them as equals.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import random
 import threading
 import time
@@ -30,6 +34,7 @@ PROMPTS_PER_ROUND = 16
 SAMPLES_PER_PROMPT = 8
 MAX_PROCESSES = 4
 STOP_TIMEOUT_S = 60.0  # only a guard against a process that died without reporting
+NICENESS = 19  # the searchers' processes' (see the module's docstring)
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,7 @@ def searcher_process(
     results: Queue[SearcherReport],
 ) -> None:
     """One process's searchers as threads, a report each; sends their sum once `stop` is set."""
+    os.nice(NICENESS)
     reports = [SearcherReport() for _ in names]
     begin, cpu_begin = time.perf_counter(), time.process_time()
     threads = [
