@@ -16,7 +16,9 @@ and the same calls as the service timed its handling of them (its waits left out
 Prometheus does), the staleness (versions behind the buffer's newest) of the trajectories in
 the batches it trained on, the trainer's step time, and the cores the buffer service, Redis,
 the trainer's process and the searchers' processes kept busy while the trainer ran (from
-/proc and process_time: where the CPU went when the machine runs short).
+/proc and process_time: where the CPU went when the machine runs short), and the CPU pressure:
+the share of that time in which some runnable task waited for a core (/proc/pressure/cpu,
+the whole machine's: a tail that grows with it is queueing for cores, not in the service).
 
 Targets: the trainer's wait falls as N grows; no ingest error at the largest N; Sample p99 at
 the largest N within 3x of that at N = 1.
@@ -38,7 +40,7 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import Row, proc_stat
+from bench.common import Row, cpu_waited_s, proc_stat
 from bench.simulated_searchers import (
     PROMPTS_PER_ROUND,
     ROUND_LATENCY_S,
@@ -107,6 +109,8 @@ class ScaleResult:
     cores: dict[str, float]
     # Sample p50 and p99 as the service timed its handling, ms.
     served_ms: tuple[float, float]
+    # Share of the trainer's run in which some task waited for a core; None: not reported.
+    cpu_pressure: float | None
 
     @property
     def ingest_per_s(self) -> float:
@@ -142,6 +146,7 @@ class ScaleResult:
             f"p99 {self.served_ms[1]:.1f} ms), staleness {self.staleness_shares()}, "
             f"step {np.mean(self.step_s) * 1000:.0f} ms, cores busy: "
             + ", ".join(f"{k} {v:.2f}" for k, v in self.cores.items())
+            + ("" if self.cpu_pressure is None else f", CPU pressure {self.cpu_pressure:.0%}")
         )
 
 
@@ -228,13 +233,14 @@ def train_against(
     pool = SearcherPool(service.address, searchers, run.run_id, tokens)
     pool.start()
     before = {name: proc_stat(pid).cpu_s for name, pid in pids.items()}
-    begin, cpu_begin = time.perf_counter(), time.process_time()
+    begin, cpu_begin, waited_begin = time.perf_counter(), time.process_time(), cpu_waited_s()
     try:
         loop.run()
     finally:
         run_s = time.perf_counter() - begin
         cores = {name: (proc_stat(pid).cpu_s - before[name]) / run_s for name, pid in pids.items()}
         cores["trainer"] = (time.process_time() - cpu_begin) / run_s
+        waited_end = cpu_waited_s()
         searched = pool.stop()
         loop.metrics.close()
         source.client.close()
@@ -253,6 +259,7 @@ def train_against(
         step_s,
         cores,
         (p50, p99),
+        None if waited_begin is None or waited_end is None else (waited_end - waited_begin) / run_s,
     )
 
 
@@ -324,6 +331,8 @@ def rows(results: list[ScaleResult]) -> list[Row]:
             Row(NAME, f"{n}: trainer step, all phases", float(np.mean(r.step_s)) * 1000, "ms"),
             *(Row(NAME, f"{n}: {part}, cores busy", c, "cores") for part, c in r.cores.items()),
         ]
+        if r.cpu_pressure is not None:
+            out.append(Row(NAME, f"{n}: CPU pressure, time a task waited", r.cpu_pressure, "share"))
     return out
 
 

@@ -42,6 +42,17 @@ def proc_stat(pid: int) -> ProcStat:
     return ProcStat(int(fields[1]), ticks / os.sysconf("SC_CLK_TCK"))
 
 
+def cpu_waited_s() -> float | None:
+    """Seconds since boot in which at least one runnable task waited for a core (Linux's
+    pressure stall information, the `some` line of /proc/pressure/cpu); None where the kernel
+    does not report it."""
+    try:
+        some = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except OSError:
+        return None
+    return int(some.rsplit("total=", 1)[1]) / 1e6
+
+
 def gpt2_100m(quick: bool, *, n_positions: int) -> tuple[Any, Any]:
     """A seeded GPT-2 of ~100M parameters (~2M with `quick`) on the tiny tokenizer, and that
     tokenizer: the model the publish and swap benchmarks move around."""
