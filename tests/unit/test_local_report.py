@@ -1,5 +1,8 @@
+import json
+from pathlib import Path
+
 from tba.local.evaluator import EvalPoint
-from tba.local.report import first_time_reaching, summarize
+from tba.local.report import JsonlTail, first_time_reaching, read_jsonl, summarize
 
 
 def _points():
@@ -27,3 +30,24 @@ def test_summary_measures_from_the_base_evaluation():
     rows = dict(summary.rows())
     assert rows["time to 0.90 (s)"] == "not reached"
     assert rows["held-out accuracy, base"] == "0.400"
+
+
+def _line(step: int) -> bytes:
+    return json.dumps({"step": step, "trainer/reward_mean": 0.5}).encode() + b"\n"
+
+
+def test_jsonl_tail_reads_only_rows_completed_since_its_last_read(tmp_path: Path) -> None:
+    path = tmp_path / "trainer.jsonl"
+    tail = JsonlTail(path)
+    assert tail.read_new() == []  # the trainer has not written yet
+    path.write_bytes(_line(1) + _line(2))
+    assert [r["step"] for r in tail.read_new()] == [1, 2]
+    assert tail.read_new() == []
+    third = _line(3)
+    with path.open("ab") as f:
+        f.write(third[:20])  # the writer's buffer went out mid-line
+    assert tail.read_new() == []
+    assert [r["step"] for r in read_jsonl(path)] == [1, 2]
+    with path.open("ab") as f:
+        f.write(third[20:] + _line(4))
+    assert [r["step"] for r in tail.read_new()] == [3, 4]

@@ -60,9 +60,30 @@ def summarize(mode: str, points: Sequence[EvalPoint], steps: int, wall_s: float)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The complete rows of a JSONL file that a process may still be appending to."""
+    return JsonlTail(path).read_new()
+
+
+class JsonlTail:
+    """Follows a JSONL file that another process appends to. Each read parses only the lines
+    completed since the previous one: following a run costs what it wrote since, not the
+    whole file again (thousands of rows, parsed twice a second), and a line caught half
+    written (the writer's buffer went out before the line's end) waits for its newline."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+
+    def read_new(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                written = f.read()
+        except FileNotFoundError:
+            return []
+        complete = written[: written.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def plot(

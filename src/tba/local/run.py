@@ -9,12 +9,13 @@ import shutil
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 from tba.local import children
 from tba.local.config import LocalRunSettings
 from tba.local.evaluator import EvaluationPoster, Evaluator, GreedyAccuracy, VersionWatcher
 from tba.local.progress import ProgressView
-from tba.local.report import plot, read_jsonl, summarize
+from tba.local.report import JsonlTail, plot, read_jsonl, summarize
 from tba.local.supervisor import Child, Supervisor
 from tba.local.tiny_models import TINY, tiny_policy, with_tiny_task_models
 from tba.tasks.base import Split, Task
@@ -106,7 +107,15 @@ class LocalRun:
             self.run_dir / "eval",
             started_at_s,
         )
-        trainer_log = self.run_dir / "metrics" / "trainer.jsonl"
+        return self._follow(supervisor, trainer, watcher, evaluator)
+
+    def _follow(
+        self, supervisor: Supervisor, trainer: Child, watcher: VersionWatcher, evaluator: Evaluator
+    ) -> int:
+        """Evaluates new versions and shows progress until the trainer finishes or the target
+        accuracy is reached; the step count."""
+        trainer_log = JsonlTail(self.run_dir / "metrics" / "trainer.jsonl")
+        last_row: list[dict[str, Any]] = []
         with ProgressView(self.settings.trainer.steps, self.settings.local.progress) as view:
             last_eval_s = 0.0
             while trainer.proc.poll() is None and not self._target_reached(evaluator):
@@ -114,13 +123,14 @@ class LocalRun:
                 if time.monotonic() - last_eval_s >= self.settings.local.eval_interval_s:
                     last_eval_s = time.monotonic()
                     watcher.poll()
-                view.update(read_jsonl(trainer_log)[-1:], evaluator.points)
+                last_row = trainer_log.read_new()[-1:] or last_row
+                view.update(last_row, evaluator.points)
                 time.sleep(0.5)
             self._check_children(supervisor)
             watcher.poll()
-            rows = read_jsonl(trainer_log)
-            view.update(rows[-1:], evaluator.points)
-        return int(rows[-1]["step"]) if rows else 0
+            last_row = trainer_log.read_new()[-1:] or last_row
+            view.update(last_row, evaluator.points)
+        return int(last_row[0]["step"]) if last_row else 0
 
     def _target_reached(self, evaluator: Evaluator) -> bool:
         target = self.settings.local.stop_at_accuracy
