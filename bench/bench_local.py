@@ -19,7 +19,6 @@ steps a mode.
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import statistics
 import subprocess
@@ -36,6 +35,7 @@ from bench.common import Row
 from tba.local.bases import DEMO_BASE, verified_base
 from tba.local.bootstrap import bootstrap_base_model
 from tba.local.config import BootstrapSettings
+from tba.local.report import read_jsonl
 from tba.models.loading import quiet_progress_bars
 from tba.tasks.arithmetic import ArithmeticTask
 
@@ -98,10 +98,8 @@ def run_mode(run_dir: Path, base: Path, mode: str, steps: int | None) -> Points:
 
 
 def read_points(run_dir: Path) -> Points:
-    path = run_dir / "eval.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
     # A line being written as this reads it is left for the next poll.
-    return [json.loads(line) for line in lines if line.endswith("}")]
+    return read_jsonl(run_dir / "eval.jsonl")
 
 
 def first_reach(points: Points, accuracy: float) -> dict[str, Any] | None:
