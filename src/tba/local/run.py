@@ -69,14 +69,13 @@ class LocalRun:
         evaluator = self._evaluator(task, base)
         supervisor = Supervisor(self.run_dir / "logs")
         started_at_s = time.time()
-        steps = 0
         # `kill`, a container stop, and SIGINT to a run that a non-interactive shell started in
         # the background (which leaves SIGINT ignored: Python then keeps it ignored) stop the
         # run as Ctrl-C does: services in order, then the report.
         signal.signal(signal.SIGTERM, _interrupt)
         signal.signal(signal.SIGINT, _interrupt)
         try:
-            steps = self._serve(supervisor, base, evaluator, started_at_s)
+            self._serve(supervisor, base, evaluator, started_at_s)
         except KeyboardInterrupt:
             print("interrupted")
         finally:
@@ -86,12 +85,12 @@ class LocalRun:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             print("stopping every service", flush=True)
             supervisor.stop_all()
-        self._report(evaluator, steps, time.time() - started_at_s, started_at_s)
+        self._report(evaluator, time.time() - started_at_s, started_at_s)
 
     def _serve(
         self, supervisor: Supervisor, base: Path, evaluator: Evaluator, started_at_s: float
-    ) -> int:
-        """Starts the services and follows the run until the trainer finishes; the step count."""
+    ) -> None:
+        """Starts the services and follows the run until the trainer finishes."""
         from tba.objectstore import open_object_store
 
         address, http_url = self._start_buffer(supervisor)
@@ -107,13 +106,13 @@ class LocalRun:
             self.run_dir / "eval",
             started_at_s,
         )
-        return self._follow(supervisor, trainer, watcher, evaluator)
+        self._follow(supervisor, trainer, watcher, evaluator)
 
     def _follow(
         self, supervisor: Supervisor, trainer: Child, watcher: VersionWatcher, evaluator: Evaluator
-    ) -> int:
+    ) -> None:
         """Evaluates new versions and shows progress until the trainer finishes or the target
-        accuracy is reached; the step count."""
+        accuracy is reached."""
         trainer_log = JsonlTail(self.run_dir / "metrics" / "trainer.jsonl")
         last_row: list[dict[str, Any]] = []
         with ProgressView(self.settings.trainer.steps, self.settings.local.progress) as view:
@@ -130,7 +129,6 @@ class LocalRun:
             watcher.poll()
             last_row = trainer_log.read_new()[-1:] or last_row
             view.update(last_row, evaluator.points)
-        return int(last_row[0]["step"]) if last_row else 0
 
     def _target_reached(self, evaluator: Evaluator) -> bool:
         target = self.settings.local.stop_at_accuracy
@@ -234,11 +232,14 @@ class LocalRun:
         for folder in self.run_dir.glob("searcher-*"):
             shutil.rmtree(folder)
 
-    def _report(self, evaluator: Evaluator, steps: int, wall_s: float, started_at_s: float) -> None:
+    def _report(self, evaluator: Evaluator, wall_s: float, started_at_s: float) -> None:
         from tba.local.report import print_summary
 
-        summary = summarize(self.settings.local.mode, evaluator.points, steps, wall_s)
+        # Read once every service has stopped: a run stopped by a signal (Ctrl-C, or a caller
+        # stopping it at its target) counts the steps its trainer did to the end.
         trainer_rows = read_jsonl(self.run_dir / "metrics" / "trainer.jsonl")
+        steps = int(trainer_rows[-1]["step"]) if trainer_rows else 0
+        summary = summarize(self.settings.local.mode, evaluator.points, steps, wall_s)
         plot(evaluator.points, trainer_rows, started_at_s, self.run_dir / "plot.png")
         print_summary(summary, self.run_dir)
 
