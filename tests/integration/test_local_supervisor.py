@@ -7,11 +7,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
+from tba.local.report import read_jsonl
 from tba.local.supervisor import Supervisor
+from tests.fixtures.tba_processes import wait_for
 
 
 def _alive(pid: int) -> bool:
@@ -50,7 +51,7 @@ def test_a_stop_signal_stops_every_service(tmp_path, demo_base_model, signum):
     pids = [int(p) for p in re.findall(r"started \S+ \(pid (\d+)\)", "".join(lines))]
     assert len(pids) == 3, lines  # buffer, searcher, trainer
     trainer_metrics = tmp_path / "run" / "metrics" / "trainer.jsonl"
-    _wait_for_a_line(trainer_metrics, timeout_s=60)
+    wait_for("the trainer's first metrics row", lambda: read_jsonl(trainer_metrics))
     proc.send_signal(signum)
     output = "".join(lines) + proc.communicate(timeout=120)[0]
     assert proc.returncode == 0, output
@@ -60,13 +61,6 @@ def test_a_stop_signal_stops_every_service(tmp_path, demo_base_model, signum):
     last_step = json.loads(trainer_metrics.read_text().splitlines()[-1])["step"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == last_step >= 1
-
-
-def _wait_for_a_line(path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not (path.exists() and path.read_text().count("\n") >= 1):
-        assert time.monotonic() < deadline, f"no line in {path} after {timeout_s} s"
-        time.sleep(0.2)
 
 
 def test_the_run_stops_at_its_target_even_when_signalled_while_it_stops(tmp_path, demo_base_model):
