@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tba.errors import FailedPreconditionError, NotFoundError
 from tba.models.tiny import build_tiny_model, build_tiny_tokenizer
 from tba.objectstore import ObjectStore, ObjectStoreSettings, open_object_store
+from tba.objectstore import weights as weights_module
 from tba.objectstore.local import FileStore
 from tba.objectstore.weights import (
+    HASH_BESIDE_MIN_BYTES,
     LATEST,
     MANIFEST,
     WeightsIntegrityError,
@@ -88,7 +91,18 @@ def test_fetch_rejects_a_tampered_file(store, tiny, tmp_path):
     assert not (tmp_path / "fetched" / "config.json").exists()
 
 
-def test_fetch_names_and_removes_every_tampered_file_and_keeps_the_good_ones(store, tiny, tmp_path):
+@pytest.fixture(params=["here", "beside"])
+def hashed(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every file hashed by the thread that moves it (a tiny model's), or on the hashing
+    thread beside the transfers (a big model's)."""
+    if request.param == "beside":
+        monkeypatch.setattr(weights_module, "HASH_BESIDE_MIN_BYTES", 0)
+    return str(request.param)
+
+
+def test_fetch_names_and_removes_every_tampered_file_and_keeps_the_good_ones(
+    store, tiny, tmp_path, hashed
+):
     model, tokenizer = tiny
     weights = publish_weights(store, 1, step=1, model=model, tokenizer=tokenizer)
     store.put_bytes(f"{version_key(1)}/config.json", b'{"tampered": true}')
@@ -138,3 +152,32 @@ def test_files_then_manifest_then_latest(tiny, tmp_path):
     publish_weights(store, 1, step=1, model=model, tokenizer=tokenizer)
     assert store.writes[-2:] == [f"{version_key(1)}/{MANIFEST}", LATEST]
     assert len(store.writes) >= 5
+
+
+class _ThreadsSeenStore(FileStore):
+    """A real file store that notes whether the hashing thread ran during its transfers."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(uri)
+        self.hashing_thread_seen = False
+
+    def _note_threads(self) -> None:
+        names = (thread.name for thread in threading.enumerate())
+        self.hashing_thread_seen |= any(name.startswith("tba-sha256") for name in names)
+
+    def put_file(self, key: str, path: Path) -> None:
+        self._note_threads()
+        super().put_file(key, path)
+
+    def get_file(self, key: str, path: Path) -> None:
+        self._note_threads()
+        super().get_file(key, path)
+
+
+def test_only_big_files_are_hashed_on_a_thread_of_their_own(tiny, tmp_path, hashed):
+    model, tokenizer = tiny
+    assert HASH_BESIDE_MIN_BYTES > 1024 * 1024  # the tiny model's files are all below it
+    store = _ThreadsSeenStore(f"file://{tmp_path / 'store'}")
+    weights = publish_weights(store, 1, step=1, model=model, tokenizer=tokenizer)
+    fetch_weights(store, weights, tmp_path / "fetched")
+    assert store.hashing_thread_seen == (hashed == "beside")
