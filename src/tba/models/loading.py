@@ -23,6 +23,13 @@ def quiet_progress_bars() -> None:
     transformers_logging.disable_progress_bar()
 
 
+def import_model_code() -> None:
+    """Imports transformers' model and tokenizer classes, about 3 s of CPU on the demo's
+    machine: a process that waits for something else first (a searcher for the trainer's
+    run) spends its wait on them instead of its start."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+
 def load_model(settings: ModelSettings, seed: int = 0) -> tuple[Any, Any]:
     """(tokenizer, model) in fp32 with a pad token; `tiny` is built from `seed`."""
     if settings.source == "tiny":

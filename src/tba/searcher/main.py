@@ -97,10 +97,13 @@ def run(settings: CommandSettings) -> None:
     assert isinstance(settings, SearcherRunSettings)
     import torch
 
-    from tba.models.loading import quiet_progress_bars
+    from tba.models.loading import import_model_code, quiet_progress_bars
 
     torch.manual_seed(settings.searcher.seed)
     quiet_progress_bars()
+    # Before the wait for a run: the trainer registers one only once it has started, which
+    # takes longer than these imports, so they no longer delay this searcher's first round.
+    import_model_code()
     # SIGTERM and Ctrl-C end the wait for a run, or let the round in progress finish (its
     # trajectories posted, its lease acknowledged); then the process exits 0.
     with stop_on_signals("stopping after the round in progress") as stop:
