@@ -5,21 +5,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tba.local.evaluator import EvalPoint
 
+# Where the line goes to a file (`make demo > log`), rich would fit it into 80 columns and cut
+# the step count and the time; a file has room for the whole line.
+FILE_WIDTH_COLUMNS = 160
+
 
 class ProgressView:
-    def __init__(self, total_steps: int, enabled: bool = True) -> None:
+    def __init__(self, total_steps: int, enabled: bool = True, file: IO[str] | None = None) -> None:
+        console = Console(file=file)
+        if not console.is_terminal:
+            console = Console(file=file, width=FILE_WIDTH_COLUMNS)
         self._progress = Progress(
             TextColumn("step"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             TextColumn("{task.description}"),
+            console=console,
             disable=not enabled,
         )
         self._task = self._progress.add_task("starting", total=total_steps)
