@@ -58,7 +58,7 @@ def test_a_stop_signal_stops_every_service(tmp_path, demo_base_model, signum):
     assert "interrupted" in output and "stopping every service" in output
     assert not [pid for pid in pids if _alive(pid)], output
     # The summary counts the steps the trainer did, though the run was stopped mid-way.
-    last_step = json.loads(trainer_metrics.read_text().splitlines()[-1])["step"]
+    last_step = read_jsonl(trainer_metrics)[-1]["step"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == last_step >= 1
 

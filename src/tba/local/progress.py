@@ -21,7 +21,7 @@ class ProgressView:
     def __init__(self, total_steps: int, enabled: bool = True, file: IO[str] | None = None) -> None:
         console = Console(file=file)
         if not console.is_terminal:
-            console = Console(file=file, width=FILE_WIDTH_COLUMNS)
+            console.width = FILE_WIDTH_COLUMNS
         self._progress = Progress(
             TextColumn("step"),
             BarColumn(),

@@ -119,16 +119,17 @@ def _upload_hashing(store: ObjectStore, prefix: str, paths: list[Path]) -> dict[
     # The executor starts its thread at the first submit: none for a version of small files.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tba-sha256") as hasher:
         for path in paths:
-            digest = _hash(hasher, path)
+            size_bytes = path.stat().st_size
+            digest = _hash(hasher, path, size_bytes)
             store.put_file(f"{prefix}/{path.name}", path)
-            files[path.name] = {"sha256": digest(), "bytes": path.stat().st_size}
+            files[path.name] = {"sha256": digest(), "bytes": size_bytes}
     return files
 
 
-def _hash(hasher: Executor, path: Path) -> Callable[[], str]:
-    """The file's sha256 when called: hashed on `hasher` meanwhile if the file is big
-    (`HASH_BESIDE_MIN_BYTES`), else here and now."""
-    if path.stat().st_size >= HASH_BESIDE_MIN_BYTES:
+def _hash(hasher: Executor, path: Path, size_bytes: int) -> Callable[[], str]:
+    """The sha256 of the file (of `size_bytes`) when called: hashed on `hasher` meanwhile if
+    it is big (`HASH_BESIDE_MIN_BYTES`), else here and now."""
+    if size_bytes >= HASH_BESIDE_MIN_BYTES:
         return hasher.submit(sha256_file, path).result
     digest = sha256_file(path)
     return lambda: digest
@@ -175,7 +176,7 @@ def _download_verifying(
         for name in files:
             target = local_dir / name
             store.get_file(f"{prefix}/{name}", target)
-            digests.append((target, _hash(hasher, target)))
+            digests.append((target, _hash(hasher, target, target.stat().st_size)))
     failed = [
         target
         for (target, digest), entry in zip(digests, files.values(), strict=True)
