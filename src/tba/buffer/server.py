@@ -21,6 +21,7 @@ from tba.buffer.transport.grpc_server import start_grpc_server
 from tba.buffer.transport.http_guard import deadline_protocol
 from tba.buffer.transport.rest import create_app
 from tba.errors import UnavailableError
+from tba.heap import freeze_startup_objects
 
 log = logging.getLogger(__name__)
 _GRACE_S = 5.0
@@ -94,6 +95,7 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     while not http.started and not http_task.done():
         await asyncio.sleep(0.01)
+    freeze_startup_objects()
     if on_ready is not None:
         on_ready(grpc_server.port, http_port)
     try:
