@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tba.cli import Flag
 from tba.errors import FailedPreconditionError
+from tba.heap import freeze_startup_objects
 from tba.searcher.config import SearcherRunSettings
 from tba.settings import CommandSettings
 from tba.signals import stop_on_signals
@@ -102,8 +103,10 @@ def run(settings: CommandSettings) -> None:
     torch.manual_seed(settings.searcher.seed)
     quiet_progress_bars()
     # Before the wait for a run: the trainer registers one only once it has started, which
-    # takes longer than these imports, so they no longer delay this searcher's first round.
+    # takes longer than these imports and the collection before freezing what they made, so
+    # neither delays this searcher's first round.
     import_model_code()
+    freeze_startup_objects()
     # SIGTERM and Ctrl-C end the wait for a run, or let the round in progress finish (its
     # trajectories posted, its lease acknowledged); then the process exits 0.
     with stop_on_signals("stopping after the round in progress") as stop:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tba.cli import Flag
 from tba.errors import FailedPreconditionError
+from tba.heap import freeze_startup_objects
 from tba.settings import CommandSettings
 from tba.signals import stop_on_signals
 from tba.trainer.config import (
@@ -86,6 +87,7 @@ def run(settings: CommandSettings) -> None:
         loop = build_loop(settings)
     except FailedPreconditionError as exc:
         raise SystemExit(f"trainer refused by the buffer: {exc}") from exc
+    freeze_startup_objects()
     try:
         state = loop.run()
         if state.step < settings.trainer.steps:
