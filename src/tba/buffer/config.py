@@ -80,12 +80,14 @@ class BufferSettings(Section):
         8192, ge=1, description="Most trajectories one AddTrajectories call may carry."
     )
     adds_in_flight: int = Field(
-        4,
+        2,
         ge=1,
         le=1024,
         description="AddTrajectories calls the service works on at once; the others wait "
-        "their turn. Ingest is CPU work in one event loop: a cap keeps a burst of posts from "
-        "many searchers from queueing ahead of each step of the trainer's Sample.",
+        "their turn. Ingest is CPU work in one event loop and scripts in Redis: a cap keeps a "
+        "burst of posts from many searchers from queueing ahead of each step of the trainer's "
+        "Sample (2 overlaps one call's Redis round trips with another's CPU; 1 serialises "
+        "them and ingests less when several searchers post at once).",
     )
     add_chunk_size: int = Field(
         32,
