@@ -602,3 +602,33 @@ def test_a_settled_prompt_is_passed_over_at_its_next_lease(tmp_path):
 def test_passing_over_settled_prompts_needs_groups_of_two():
     with pytest.raises(ValueError, match="samples_per_prompt >= 2"):
         SearcherSettings(settled_prompt_passes=1, samples_per_prompt=1)
+
+
+class CountingReference:
+    """The real reference scorer, counting the completions it is asked to score."""
+
+    def __init__(self, scorer: ReferenceScorer) -> None:
+        self.scorer = scorer
+        self.scored = 0
+
+    def score(self, prompts, completions, temperature):  # type: ignore[no-untyped-def]
+        self.scored += len(completions)
+        return self.scorer.score(prompts, completions, temperature)
+
+
+def test_k_of_s_are_posted_for_contrast_and_only_they_are_scored(tmp_path):
+    buffer = RecordingBuffer(PROMPTS)
+    task = BatchedReward()  # rewards 0, 0.25, ... over the round: 0-0.75 for the first prompt
+    loop = make_loop(tmp_path, buffer, task=task, drop_duplicates=False, post_per_prompt=2)
+    reference = CountingReference(loop.reference)  # type: ignore[arg-type]
+    loop.reference = reference
+    values = loop.round()
+    assert values is not None and values["searcher/not_chosen"] == 6
+    assert values["searcher/dropped"] == 0
+    assert [t.reward for t in buffer.posted()] == [0.0, 0.75, 1.0, 1.75, 2.0, 2.75]
+    assert reference.scored == 6
+
+
+def test_posting_more_per_prompt_than_generated_is_refused():
+    with pytest.raises(ValueError, match="post_per_prompt"):
+        SearcherSettings(samples_per_prompt=4, post_per_prompt=8)

@@ -86,6 +86,15 @@ class SearcherSettings(WandbSettings):
         "(tba.searcher.settled; needs `samples_per_prompt` >= 2). 0: off, every prompt "
         "leased is generated for.",
     )
+    post_per_prompt: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="K posted per prompt out of the `samples_per_prompt` (S) generated: the K "
+        "that spread the rewards most, taken from the top and the bottom of the group's "
+        "ranking in turn (tba.searcher.contrast); only they are scored by the reference. 0: "
+        "post all S.",
+    )
     seed_prompts: bool = Field(
         True,
         description="Put the task's train prompts into the buffer at start (idempotent: ids "
@@ -193,6 +202,16 @@ class SearcherSettings(WandbSettings):
             raise ValueError(
                 "searcher.settled_prompt_passes needs samples_per_prompt >= 2: with one "
                 "completion a prompt, every group would count as settled"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_post_per_prompt(self) -> SearcherSettings:
+        if self.post_per_prompt > self.samples_per_prompt:
+            raise ValueError(
+                f"searcher.post_per_prompt ({self.post_per_prompt}) is above "
+                f"samples_per_prompt ({self.samples_per_prompt}): it chooses among those "
+                "generated"
             )
         return self
 

@@ -25,6 +25,7 @@ from tba.domain import AddResult, FinishReason, Prompt, Trajectory, new_request_
 from tba.errors import UnavailableError
 from tba.retry import Backoff, retry
 from tba.searcher.config import SearcherSettings
+from tba.searcher.contrast import contrast_selection
 from tba.searcher.engine import Completion
 from tba.searcher.settled import SettledPrompts
 from tba.searcher.weights import WeightSwap
@@ -136,9 +137,10 @@ class RoundFinisher:
         scored = self._rewarded(candidates)
         if self.settled is not None:
             self.settled.record(group_rewards(scored))
+        posted = self._chosen(scored)
         phases.done("reward")
-        refs = self._references(scored, generated.temperature)
-        trajectories = self._trajectories(scored, refs, generated)
+        refs = self._references(posted, generated.temperature)
+        trajectories = self._trajectories(posted, refs, generated)
         phases.done("reference")
         self._post(trajectories, generated.lease_id)
         phases.done("post")
@@ -148,7 +150,8 @@ class RoundFinisher:
             **completion_counts(generated.completions),
             "prompts": len(generated.prompts),
             "duplicates": duplicates,
-            "dropped": len(candidates) - len(trajectories),
+            "dropped": len(candidates) - len(scored) + len(posted) - len(trajectories),
+            "not_chosen": len(scored) - len(posted),
             "reference_looked_up": sum(ref.looked_up for ref in refs),
             "passed_over": generated.passed_over,
         }
@@ -213,6 +216,21 @@ class RoundFinisher:
         except Exception:
             log.exception("reward of prompt %s raised; completion dropped", candidate.prompt.id)
             return math.nan
+
+    def _chosen(self, scored: list[PendingTrajectory]) -> list[PendingTrajectory]:
+        """With `post_per_prompt`, the candidates of each prompt chosen for contrast
+        (tba.searcher.contrast), prompts in order; else all of them."""
+        keep = self.settings.post_per_prompt
+        if keep == 0:
+            return scored
+        groups: dict[str, list[PendingTrajectory]] = {}
+        for candidate in scored:
+            groups.setdefault(candidate.prompt.id, []).append(candidate)
+        return [
+            group[i]
+            for group in groups.values()
+            for i in contrast_selection([c.reward for c in group], keep)
+        ]
 
     def _references(
         self, scored: list[PendingTrajectory], temperature: float
