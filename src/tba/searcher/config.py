@@ -92,8 +92,9 @@ class SearcherSettings(WandbSettings):
         le=1024,
         description="K posted per prompt out of the `samples_per_prompt` (S) generated: the K "
         "that spread the rewards most, taken from the top and the bottom of the group's "
-        "ranking in turn (tba.searcher.contrast); only they are scored by the reference. 0: "
-        "post all S.",
+        "ranking in turn (tba.searcher.contrast); only they are scored by the reference. "
+        "For TB (off-policy, its target unchanged by the choice), not the on-policy "
+        "objectives. 0: post all S.",
     )
     seed_prompts: bool = Field(
         True,

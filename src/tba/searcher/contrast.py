@@ -6,7 +6,9 @@ only from the contrast within a group (the per-group log Z or baseline cancels w
 completions share), so a searcher that generates S > K and posts the K that spread the
 rewards most turns more of its search into a signal, at the cost of generating more and
 scoring the reference of only the K posted. TB's target does not depend on which
-completions are trained on, so choosing them changes how fast it is reached, not where.
+completions are trained on, so choosing them changes how fast it is reached, not where; the
+on-policy objectives (RLOO, GRPO) assume the group was sampled as it stands, and the choice
+biases their gradient.
 
 The K are taken alternately from the top and the bottom of the group's reward ranking
 (generation order among equal rewards, which is random): with 0/1 rewards, right and wrong
