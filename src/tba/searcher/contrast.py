@@ -29,13 +29,6 @@ def contrast_selection(rewards: Sequence[float], keep: int) -> list[int]:
         return list(range(len(rewards)))
     # sorted() is stable: equal rewards keep their (random) generation order.
     ranked = sorted(range(len(rewards)), key=lambda i: rewards[i], reverse=True)
-    chosen: list[int] = []
-    top, bottom = 0, len(ranked) - 1
-    while len(chosen) < keep:
-        if len(chosen) % 2 == 0:
-            chosen.append(ranked[top])
-            top += 1
-        else:
-            chosen.append(ranked[bottom])
-            bottom -= 1
-    return sorted(chosen)
+    # Top and bottom in turn, top first: the first ceil(keep / 2) and the last floor(keep / 2).
+    from_top = (keep + 1) // 2
+    return sorted(ranked[:from_top] + ranked[len(ranked) - (keep - from_top) :])

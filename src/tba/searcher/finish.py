@@ -150,7 +150,8 @@ class RoundFinisher:
             **completion_counts(generated.completions),
             "prompts": len(generated.prompts),
             "duplicates": duplicates,
-            "dropped": len(candidates) - len(scored) + len(posted) - len(trajectories),
+            # Non-finite rewards, then non-finite references; the unchosen apart.
+            "dropped": (len(candidates) - len(scored)) + (len(posted) - len(trajectories)),
             "not_chosen": len(scored) - len(posted),
             "reference_looked_up": sum(ref.looked_up for ref in refs),
             "passed_over": generated.passed_over,
@@ -223,12 +224,9 @@ class RoundFinisher:
         keep = self.settings.post_per_prompt
         if keep == 0:
             return scored
-        groups: dict[str, list[PendingTrajectory]] = {}
-        for candidate in scored:
-            groups.setdefault(candidate.prompt.id, []).append(candidate)
         return [
             group[i]
-            for group in groups.values()
+            for group in prompt_groups(scored).values()
             for i in contrast_selection([c.reward for c in group], keep)
         ]
 
@@ -306,12 +304,19 @@ class RoundFinisher:
         )
 
 
+def prompt_groups(
+    scored: Sequence[PendingTrajectory],
+) -> dict[str, list[PendingTrajectory]]:
+    """Prompt id -> its candidates, prompts and candidates in order."""
+    groups: dict[str, list[PendingTrajectory]] = {}
+    for candidate in scored:
+        groups.setdefault(candidate.prompt.id, []).append(candidate)
+    return groups
+
+
 def group_rewards(scored: Sequence[PendingTrajectory]) -> list[tuple[str, list[float]]]:
     """(prompt id, the rewards of its scored completions) of each prompt, in order."""
-    groups: dict[str, list[float]] = {}
-    for candidate in scored:
-        groups.setdefault(candidate.prompt.id, []).append(candidate.reward)
-    return list(groups.items())
+    return [(pid, [c.reward for c in group]) for pid, group in prompt_groups(scored).items()]
 
 
 def _log_add_retry(exc: Exception, number: int, wait_s: float) -> None:
