@@ -1,5 +1,6 @@
 """decode: the KV-cached decoding loop draws what transformers' `generate` draws, reads the
-log-probs of the distribution it drew from, and cuts to the nucleus."""
+log-probs of the distribution it drew from, runs each distinct context still going once, and
+cuts to the nucleus."""
 
 from __future__ import annotations
 
@@ -125,6 +126,44 @@ def test_the_prefill_computes_no_logits_beyond_the_last_position(lm, monkeypatch
             pad_id=tokenizer.pad_token_id,
         )
     assert widths and set(widths) == {1}
+
+
+@pytest.mark.parametrize(
+    ("n", "temperature", "eos_nats"), [(4, 1.0, 3.0), (3, 0.0, 0.0), (8, 0.5, 1.0)]
+)
+def test_each_forward_runs_the_distinct_contexts_still_going(monkeypatch, n, temperature, eos_nats):
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer, n_layer=2, n_embd=32, n_head=2, n_positions=64, seed=3)
+    eos = tokenizer.eos_token_id
+    with torch.no_grad():  # EOS `eos_nats` likelier, so that rows end at different steps
+        eos_row = model.transformer.wte.weight[eos]
+        model.transformer.ln_f.bias += eos_row * (eos_nats / eos_row.dot(eos_row))
+    rows_run: list[int] = []
+    forward = model.forward
+
+    def recording(*args, **kwargs):
+        rows_run.append(kwargs["input_ids"].shape[0])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", recording)
+    inputs = padded(PROMPTS, tokenizer.pad_token_id, left=True, device=torch.device("cpu"))
+    torch.manual_seed(5)
+    with torch.no_grad():
+        got = decode(
+            model.eval(),
+            inputs,
+            n=n,
+            max_new_tokens=6,
+            temperature=temperature,
+            eos_ids=[eos],
+            pad_id=tokenizer.pad_token_id,
+        )
+    rows = got.tokens.tolist()
+    going = [
+        {(r // n, tuple(row[:step])) for r, row in enumerate(rows) if eos not in row[:step]}
+        for step in range(1, len(rows[0]))
+    ]
+    assert rows_run == [len(PROMPTS)] + [len(contexts) for contexts in going]
 
 
 def test_nucleus_keeps_the_smallest_set_reaching_top_p():

@@ -3,11 +3,14 @@ transformers engine and `generate_texts`, in place of `model.generate`, which ke
 step's scores to read the drawn tokens' log-probs from (rows x new tokens x vocabulary
 floats); this keeps only those log-probs.
 
-Each prompt's prefix (all but its last token) runs once into the cache, which is then repeated
-for the prompt's `n` rows, so `n` samples share one prefill. Sampling is from the full
-distribution of logits / temperature, cut to the nucleus when `top_p` < 1, drawn as
-`generate` draws (`torch.multinomial` of the softmax), so a seed gives the same tokens; the
-log-prob of each drawn token is read from that same distribution. Greedy at temperature 0."""
+Rows share a cache row while their contexts are the same: each prompt runs once, for all its
+`n` rows, and from then on the rows that drew the same tokens so far run once too, so a
+forward covers the distinct contexts still going, not every row (a peaked policy's `n`
+samples often agree; rows that ended are not run at all). Sampling is from the full
+distribution of logits / temperature, cut to the nucleus when `top_p` < 1, drawn for every
+row as `generate` draws (`torch.multinomial` of the softmax), so a seed gives the same tokens;
+the log-prob of each drawn token is read from that same distribution. Greedy at temperature
+0."""
 
 from __future__ import annotations
 
@@ -45,43 +48,70 @@ def decode(
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    if inputs["input_ids"].shape[1] > 1:
-        model(
-            input_ids=inputs["input_ids"][:, :-1],
-            attention_mask=inputs["attention_mask"][:, :-1],
-            position_ids=inputs["position_ids"][:, :-1],
-            past_key_values=cache,
-            use_cache=True,
-            # Only the cache is wanted: logits of every prefix position would be rows x
-            # prompt tokens x vocabulary floats.
-            logits_to_keep=1,
-        )
-        cache.batch_repeat_interleave(n)
-    mask = inputs["attention_mask"].repeat_interleave(n, dim=0)
-    positions = inputs["position_ids"][:, -1:].repeat_interleave(n, dim=0)
-    last = inputs["input_ids"][:, -1:].repeat_interleave(n, dim=0)
-    eos = torch.tensor(list(eos_ids), device=last.device)
-    ended = torch.zeros(last.shape[0], dtype=torch.bool, device=last.device)
+    mask, positions = inputs["attention_mask"], inputs["position_ids"][:, -1:]
+    # Only the last position's logits: every prefix position's would be rows x prompt
+    # tokens x vocabulary floats.
+    logits = _next_logits(model, inputs["input_ids"], mask, inputs["position_ids"], cache)
+    context = torch.arange(len(mask), device=mask.device).repeat_interleave(n)
+    eos = torch.tensor(list(eos_ids), device=mask.device)
+    ended = torch.zeros(len(context), dtype=torch.bool, device=mask.device)
     tokens: list[torch.Tensor] = []
     logprobs: list[torch.Tensor] = []
-    for _ in range(max_new_tokens):
-        out = model(
-            input_ids=last,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        token, logprob = _draw(out.logits[:, -1].float(), temperature, top_p)
+    for step in range(max_new_tokens):
+        token, logprob = _draw(logits[context], temperature, top_p)
         token = token.masked_fill(ended[:, None], pad_id)
         tokens.append(token)
         logprobs.append(logprob)
         ended |= torch.isin(token[:, 0], eos)
-        if bool(ended.all()):
+        if step + 1 == max_new_tokens or bool(ended.all()):
             break
-        last, positions = token, positions + 1
-        mask = torch.cat([mask, torch.ones_like(token)], dim=1)
+        parents, next_tokens, context = _branches(context, token[:, 0], ended, logits.shape[-1])
+        if not _is_identity(parents, len(mask)):
+            cache.batch_select_indices(parents)
+            mask, positions = mask[parents], positions[parents]
+        mask = torch.cat([mask, torch.ones_like(next_tokens)], dim=1)
+        positions = positions + 1
+        logits = _next_logits(model, next_tokens, mask, positions, cache)
     return Decoded(torch.cat(tokens, dim=1), torch.cat(logprobs, dim=1))
+
+
+def _next_logits(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    cache: Any,
+) -> torch.Tensor:
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out.logits[:, -1].float()
+
+
+def _branches(
+    context: torch.Tensor, token: torch.Tensor, ended: torch.Tensor, vocab: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows still going, grouped by (context, token just drawn): a group's rows have the
+    same context from here on. Returns each group's parent context (a cache row) and token,
+    in the order of the parents, and each row's group; rows that ended point at group 0 (what
+    they draw is discarded)."""
+    going = ~ended
+    groups, group_of_row = torch.unique(context[going] * vocab + token[going], return_inverse=True)
+    row_group = torch.zeros_like(context)
+    row_group[going] = group_of_row
+    return groups // vocab, (groups % vocab)[:, None], row_group
+
+
+def _is_identity(parents: torch.Tensor, contexts: int) -> bool:
+    """Whether each context goes on as one group in place, so the cache needs no copy."""
+    return len(parents) == contexts and bool(
+        torch.equal(parents, torch.arange(contexts, device=parents.device))
+    )
 
 
 def _draw(

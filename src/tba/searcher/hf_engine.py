@@ -1,10 +1,10 @@
 """The transformers generation engine: KV-cached decoding of left-padded batches
 (`tba.models.decode`), the CPU default for small runs and the fallback where vLLM is missing.
 
-A prompt's `n` samples share its prefill: the prompts (all but their last token) run once into
-a KV cache that is then repeated `n` times; for the demo's 16 prompts x 8 samples a round
-generates in two thirds of the time, with the same tokens and log-probs as a prefill of every
-row.
+A prompt's `n` samples share its prefill, and each later forward runs the distinct contexts
+still going, not every row: for the demo's 16 prompts x 8 samples, whose samples often agree,
+a round generates in about 60% of the time of one row per sample, with the same tokens and
+log-probs.
 
 Sampling draws from the full distribution of logits / temperature (cut to the nucleus when
 `top_p` < 1), whatever generation defaults the model's hub config names, and the behaviour
