@@ -15,6 +15,7 @@ chunk holds one step's logits at a time.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -81,13 +82,25 @@ class TransformersEngine:
             eos_ids=self.eos_token_ids,
             pad_id=self.pad_token_id,
         )
-        return [
-            self._completion(tokens, logps)
-            for tokens, logps in zip(out.tokens.tolist(), out.logprobs.cpu(), strict=True)
-        ]
+        return self._completions(out.tokens.tolist(), out.logprobs.cpu(), params.n)
 
-    def _completion(self, tokens: list[int], logprobs: torch.Tensor) -> Completion:
-        tokens, stopped = cut_at_eos(tokens, eos_ids=self.eos_token_ids)
+    def _completions(
+        self, token_rows: list[list[int]], logprobs: torch.Tensor, n: int
+    ) -> list[Completion]:
+        """Row `i` is sample `i % n` of prompt `i // n`. A prompt's rows with the same tokens
+        were one cache row all along (`decode`), so their log-probs are the same values:
+        each distinct completion is built once."""
+        built: dict[tuple[int, ...], Completion] = {}
+        completions = []
+        for row, tokens in enumerate(token_rows):
+            kept, stopped = cut_at_eos(tokens, eos_ids=self.eos_token_ids)
+            key = (row // n, *kept)
+            if key not in built:
+                built[key] = self._completion(kept, stopped, logprobs[row])
+            completions.append(replace(built[key], token_ids=list(kept)))
+        return completions
+
+    def _completion(self, tokens: list[int], stopped: bool, logprobs: torch.Tensor) -> Completion:
         finish = FinishReason.STOP if stopped else FinishReason.LENGTH
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         kept = logprobs[: len(tokens)]
