@@ -79,9 +79,11 @@ def check_fill_and_beta(run_dir: Path, t: TrainerSettings) -> None:
 
 # The comparison objectives and token-level importance clipping, end to end on the demo's run
 # file (TB with importance weights), so every trainer mechanism runs on the real data path.
+# The others train on every completion generated: the demo's choice by reward is TB's alone.
+EVERY_COMPLETION = ("--set", "searcher.samples_per_prompt=8", "--set", "searcher.post_per_prompt=0")
 VARIANTS = {
-    "grpo": ("--objective", "grpo"),
-    "online_dpo": ("--objective", "online_dpo"),
+    "grpo": ("--objective", "grpo", *EVERY_COMPLETION),
+    "online_dpo": ("--objective", "online_dpo", *EVERY_COMPLETION),
     "token_clip": ("--set", "trainer.importance_clip_level=token"),
 }
 

@@ -2,6 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 from tba.domain import WeightVersion
+from tba.local.config import LocalRunSettings
 from tba.settings import load_settings
 from tba.trainer.config import TrainerRunSettings, TrainerSettings
 from tba.trainer.loop import target_temperatures
@@ -87,6 +88,23 @@ def test_the_deprecated_trainer_temperature_is_accepted_when_it_agrees():
     assert load_settings(TrainerRunSettings, overrides=overrides).temperature == 1.3
     # The paper configs of earlier versions set 0.7, the searchers' default.
     assert load_settings(TrainerRunSettings, overrides={"trainer.temperature": "0.7"})
+
+
+@pytest.mark.parametrize("objective", ["rloo", "grpo", "online_dpo"])
+def test_completions_chosen_by_reward_are_for_tb_alone(objective):
+    chosen = {"searcher.samples_per_prompt": "16", "searcher.post_per_prompt": "8"}
+    with pytest.raises(ValidationError, match=f"biases objective '{objective}'"):
+        load_settings(TrainerRunSettings, overrides={**chosen, "trainer.objective": objective})
+    assert load_settings(TrainerRunSettings, overrides=chosen).searcher.post_per_prompt == 8
+    every = {"searcher.samples_per_prompt": "16", "trainer.objective": objective}
+    assert load_settings(TrainerRunSettings, overrides=every).trainer.objective == objective
+
+
+def test_tba_local_refuses_its_demo_choice_with_another_objective_before_starting():
+    with pytest.raises(ValidationError, match="biases objective 'rloo'"):
+        load_settings(LocalRunSettings, overrides={"trainer.objective": "rloo"})
+    overrides = {"trainer.objective": "rloo", "searcher.post_per_prompt": "0"}
+    assert load_settings(LocalRunSettings, overrides=overrides).searcher.samples_per_prompt == 16
 
 
 def test_the_trainer_reads_the_runs_task():

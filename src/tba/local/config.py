@@ -15,7 +15,7 @@ from tba.objectstore.config import ObjectStoreSettings
 from tba.searcher.config import EngineSettings, SearcherSettings
 from tba.settings import CommandSettings, Section
 from tba.tasks.config import TaskSettings
-from tba.trainer.config import OptimSettings, TrainerSettings
+from tba.trainer.config import OptimSettings, TrainerSettings, check_posted_choice
 
 
 class LocalSettings(Section):
@@ -167,7 +167,13 @@ def demo_trainer() -> TrainerSettings:
 def demo_searcher() -> SearcherSettings:
     return SearcherSettings(
         prompts_per_round=16,
-        samples_per_prompt=8,
+        # S 16 generated a prompt, the K 8 that spread its rewards most posted: from the hard
+        # bases a right answer is rare, and a group trains TB only if it holds one. With a
+        # prompt's agreeing samples sharing a forward, 16 cost little more than 8; to 0.80
+        # from the hard bases, six pairs: median 182 s, worst 214 s against 212 s and 242 s
+        # (docs/benchmarks.md). For TB only: chosen by reward, they would bias the others.
+        samples_per_prompt=16,
+        post_per_prompt=8,
         max_new_tokens=5,
         # The run's one sampling temperature: the trainer divides logits by it too.
         temperature=1.0,
@@ -176,12 +182,12 @@ def demo_searcher() -> SearcherSettings:
         # newest round; the searcher made 2.2 per step) and took CPU the trainer needed: one
         # per version ran 30% more trainer steps a second on 2 cores.
         one_round_per_version=True,
-        # A prompt whose last group settled (all 8 right, or all wrong) is passed over at its
+        # A prompt whose last group settled (all right, or all wrong) is passed over at its
         # next 3 leases: from the hard bases 0.80 took a fifth fewer steps from hard-1 and
         # about as many from hard-2 (3 RL seeds each, docs/benchmarks.md).
         settled_prompt_passes=3,
         idle_poll_s=0.01,
-        # A round's 128 completions in one reference pass: this tiny model's forward costs
+        # A round's 128 posted completions in one reference pass: this tiny model's forward costs
         # per call more than per token; in the demo four passes of 32 took 1.3x one of 128,
         # and the trainer ran 8-15% more steps a second (docs/benchmarks.md).
         reference_batch_size=128,
@@ -229,4 +235,10 @@ class LocalRunSettings(CommandSettings):
     def _run_paths(self) -> LocalRunSettings:
         if "uri" not in self.objectstore.model_fields_set:
             self.objectstore.uri = f"file://{self.local.run_dir}/weights"
+        return self
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> LocalRunSettings:
+        # Before any child starts, not in the trainer's log.
+        check_posted_choice(self.trainer, self.searcher)
         return self

@@ -342,6 +342,18 @@ class DistributedSettings(Section):
     )
 
 
+def check_posted_choice(trainer: TrainerSettings, searcher: SearcherSettings) -> None:
+    """Completions chosen by reward (`searcher.post_per_prompt`) leave TB's target as it is
+    but bias the other objectives' estimates, which assume the group is what was sampled."""
+    if searcher.post_per_prompt and trainer.objective != "tb":
+        raise ValueError(
+            f"searcher.post_per_prompt ({searcher.post_per_prompt}) posts the completions "
+            f"that spread each group's rewards most, which biases objective "
+            f"{trainer.objective!r}: set searcher.post_per_prompt = 0 with it (the demo's "
+            "16 samples a prompt: also searcher.samples_per_prompt = 8)"
+        )
+
+
 class TrainerRunSettings(CommandSettings):
     trainer: TrainerSettings = TrainerSettings()
     model: ModelSettings = ModelSettings()
@@ -368,6 +380,7 @@ class TrainerRunSettings(CommandSettings):
                 f"searcher.temperature ({self.searcher.temperature}), the sampling temperature "
                 "the trainer divides logits by: set only searcher.temperature"
             )
+        check_posted_choice(self.trainer, self.searcher)
         return self
 
     @property
