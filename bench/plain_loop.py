@@ -23,6 +23,7 @@ import torch
 
 from tba.local.evaluator import GreedyAccuracy
 from tba.models.generate import generate_texts
+from tba.models.loading import quiet_progress_bars
 from tba.models.logprobs import sequence_logprobs
 from tba.tasks.arithmetic import ArithmeticTask
 from tba.tasks.base import Split
@@ -118,6 +119,7 @@ def main() -> None:
     parser.add_argument("--limit-s", type=float, default=480.0, help="most seconds of training")
     parser.add_argument("--steps", type=int, help="most steps")
     args = parser.parse_args()
+    quiet_progress_bars()  # the bench's log, not a bar per base
     settings = LoopSettings(seed=args.seed)
     points = run_plain_loop(
         args.model, args.out, settings, limit_s=args.limit_s, max_steps=args.steps
