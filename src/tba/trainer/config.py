@@ -349,8 +349,8 @@ def check_posted_choice(trainer: TrainerSettings, searcher: SearcherSettings) ->
         raise ValueError(
             f"searcher.post_per_prompt ({searcher.post_per_prompt}) posts the completions "
             f"that spread each group's rewards most, which biases objective "
-            f"{trainer.objective!r}: set searcher.post_per_prompt = 0 with it (the demo's "
-            "16 samples a prompt: also searcher.samples_per_prompt = 8)"
+            f"{trainer.objective!r}: set searcher.post_per_prompt = 0 with it (and "
+            "searcher.samples_per_prompt to the trainer's, to generate only what it trains on)"
         )
 
 
