@@ -82,15 +82,17 @@ def test_behaviour_logprob_equals_sequence_logprobs(eos_nats):
 
 def test_the_same_completion_of_other_prompts_keeps_its_own_logprob():
     # EOS made near certain: most rows of every prompt are the one-token completion [EOS],
-    # built once per prompt, each with the log-prob under its own prompt.
-    engine = engine_for(eos_nats=4.0)
+    # built once per prompt (EOS drawn in 6-8 of 8 rows over seeds 0-5), each with the
+    # log-prob under its own prompt.
+    engine = engine_for(eos_nats=6.0)
     prompts = prompts_of(engine)
     out = engine.generate(prompts, params(n=8))
     eos = [engine.tokenizer.eos_token_id]
     stopped = [[c for c in group if c.token_ids == eos] for group in out]
     assert all(len(group) >= 2 for group in stopped)
     with torch.no_grad():
-        expected = sequence_logprobs(engine.model, prompts, [eos] * 3, 0.7, eos[0])
+        pad = engine.tokenizer.pad_token_id
+        expected = sequence_logprobs(engine.model, prompts, [eos] * 3, 0.7, pad)
     for group, logprob in zip(stopped, expected.tolist(), strict=True):
         assert [c.behavior_logprob for c in group] == pytest.approx(
             [logprob] * len(group), abs=1e-4
