@@ -93,11 +93,14 @@ class TransformersEngine:
         built: dict[tuple[int, ...], Completion] = {}
         completions = []
         for row, tokens in enumerate(token_rows):
+            # `kept` is this row's own list (`tolist` made one per row): no copy is needed.
             kept, stopped = cut_at_eos(tokens, eos_ids=self.eos_token_ids)
             key = (row // n, *kept)
-            if key not in built:
+            if key in built:
+                completions.append(replace(built[key], token_ids=kept))
+            else:
                 built[key] = self._completion(kept, stopped, logprobs[row])
-            completions.append(replace(built[key], token_ids=list(kept)))
+                completions.append(built[key])
         return completions
 
     def _completion(self, tokens: list[int], stopped: bool, logprobs: torch.Tensor) -> Completion:
