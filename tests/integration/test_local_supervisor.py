@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -37,10 +38,48 @@ def test_supervisor_stops_in_reverse_order_and_kills_the_stubborn(tmp_path):
     assert "up" in (tmp_path / "logs" / "second.log").read_text()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_stop_signal_stops_every_service(tmp_path, demo_base_model, signum):
+def _forked_main(code: object) -> None:
+    print(f"up, TBA_X={os.environ.get('TBA_X')}", flush=True)
+    if code == "raise":
+        raise ValueError("broken service")
+    if code == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(60)
+    sys.exit(code)
+
+
+@pytest.mark.parametrize(
+    ("code", "returncode", "logged"),
+    [(None, 0, "up, TBA_X=1"), (3, 3, "up"), ("bad", 1, "bad"), ("raise", 1, "broken service")],
+)
+def test_a_forked_child_exits_as_a_python_process_would(tmp_path, code, returncode, logged):
+    supervisor = Supervisor(tmp_path / "logs")
+    child = supervisor.fork("svc", lambda: _forked_main(code), {"TBA_X": "1"})
+    assert child.proc.wait(timeout=30) == returncode
+    assert "TBA_X" not in os.environ
+    wait_for("the child's log", lambda: logged in (tmp_path / "logs" / "svc.log").read_text())
+    assert supervisor.failed() is (child if returncode else None)
+
+
+def test_a_forked_child_that_ignores_sigterm_is_killed(tmp_path):
+    supervisor = Supervisor(tmp_path / "logs", grace_s=1.0)
+    child = supervisor.fork("stubborn", lambda: _forked_main("ignore-term"))
+    child.wait_for_line("up", timeout_s=30)
+    supervisor.stop_all()
+    assert child.proc.returncode == -signal.SIGKILL
+    assert not _alive(child.proc.pid)
+
+
+# Ctrl-C with the services forked (the default), SIGTERM with each a new program.
+@pytest.mark.parametrize(
+    ("signum", "start_method"),
+    [(signal.SIGINT, "fork"), (signal.SIGTERM, "exec")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_stop_signal_stops_every_service(tmp_path, demo_base_model, signum, start_method):
     cmd = [sys.executable, "-m", "tba", "local", "--run-dir", str(tmp_path / "run")]
     cmd += ["--model", str(demo_base_model), "--steps", "100000", "--set", "local.progress=false"]
+    cmd += ["--set", f"local.start_method={start_method}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     lines = []

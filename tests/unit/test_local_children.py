@@ -82,3 +82,10 @@ def test_the_buffer_token_goes_to_every_child_by_environment(tmp_path):
     assert "t" * 24 not in children.buffer_config(settings, tmp_path).read_text()
     env = children.secret_env(settings)
     assert env["TBA_BUFFER__AUTH_TOKEN"] == env["TBA_CLIENT__AUTH_TOKEN"] == "t" * 24
+
+
+def test_services_fork_where_torch_runs_on_one_thread(tmp_path):
+    assert children.forks(_settings(tmp_path))  # auto, one thread per process
+    assert not children.forks(_settings(tmp_path, threads_per_process=2))
+    assert not children.forks(_settings(tmp_path, start_method="exec"))
+    assert children.forks(_settings(tmp_path, start_method="fork", threads_per_process=2))

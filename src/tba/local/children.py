@@ -3,6 +3,7 @@ TOML file (secrets stay out of files and go by environment variable)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,16 @@ SECRET_FIELDS = ("access_key_id", "secret_access_key")
 
 def command(*args: str) -> list[str]:
     return [sys.executable, "-m", "tba", *args]
+
+
+def forks(settings: LocalRunSettings) -> bool:
+    """Whether the services are forked from `tba local` (`local.start_method`). `auto` forks
+    where the OS can and this process runs torch on one thread: a fork keeps only the thread
+    that forked, so a pool of torch threads the parent started would be a broken copy."""
+    method = settings.local.start_method
+    if method == "auto":
+        return hasattr(os, "fork") and settings.local.threads_per_process == 1
+    return method == "fork"
 
 
 def write_config(path: Path, sections: dict[str, Any]) -> Path:

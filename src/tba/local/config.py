@@ -55,6 +55,13 @@ class LocalSettings(Section):
     threads_per_process: int = Field(
         1, ge=1, le=256, description="torch threads of each child (2 cores: 1 each is best)."
     )
+    start_method: Literal["auto", "fork", "exec"] = Field(
+        "auto",
+        description="How the services start. `fork`: forked from this process, which has "
+        "imported torch and transformers already, so each is up in about a second. `exec`: "
+        "each a new `python -m tba` process, which imports them itself (5-10 s on 2 cores). "
+        "`auto`: fork where the OS can and `threads_per_process` is 1, else exec.",
+    )
     evaluator_niceness: int = Field(
         10,
         ge=0,

@@ -140,8 +140,8 @@ class LocalRun:
     def _start_buffer(self, supervisor: Supervisor) -> tuple[str, str]:
         """Starts the buffer; its gRPC address and REST root."""
         config = children.buffer_config(self.settings, self.run_dir)
-        buffer = supervisor.start(
-            "buffer", children.command("buffer", "serve", "--config", str(config))
+        buffer = self._start_service(
+            supervisor, "buffer", ["buffer", "serve", "--config", str(config)]
         )
         ready = self._wait_ready(supervisor, buffer, BUFFER_READY)
         address, http_url = ready.group(1), ready.group(2)
@@ -158,15 +158,25 @@ class LocalRun:
         searchers = []
         for index in range(self.settings.local.searchers):
             config = children.searcher_config(self.settings, self.run_dir, base, address, index)
-            argv = children.command("searcher", "run", "--config", str(config))
-            searchers.append(supervisor.start(f"searcher-{index}", argv, env))
+            args = ["searcher", "run", "--config", str(config)]
+            searchers.append(self._start_service(supervisor, f"searcher-{index}", args, env))
         config = children.trainer_config(self.settings, self.run_dir, base, address)
-        trainer = supervisor.start(
-            "trainer", children.command("trainer", "run", "--config", str(config)), env
-        )
+        args = ["trainer", "run", "--config", str(config)]
+        trainer = self._start_service(supervisor, "trainer", args, env)
         for searcher in searchers:
             self._wait_ready(supervisor, searcher, SEARCHER_READY)
         return trainer
+
+    def _start_service(
+        self, supervisor: Supervisor, name: str, args: list[str], env: dict[str, str] | None = None
+    ) -> Child:
+        """`tba ARGS` as the child `name`: forked from this process or a new program
+        (`local.start_method`)."""
+        if children.forks(self.settings):
+            from tba.cli import main
+
+            return supervisor.fork(name, lambda: main(args), env)
+        return supervisor.start(name, children.command(*args), env)
 
     def _wait_ready(self, supervisor: Supervisor, child: Child, pattern: str) -> re.Match[str]:
         try:

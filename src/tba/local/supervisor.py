@@ -1,5 +1,8 @@
 """Starts the services of a one-machine run as child processes and stops them together.
 
+A child is a new program (`start`) or a fork of this process that runs a function (`fork`):
+a fork inherits the modules this process has imported, so a service that needs torch and
+transformers starts in a fraction of a second instead of importing them again for seconds.
 Children run in their own session, so a Ctrl-C in the terminal reaches only this process,
 which then stops them in reverse start order (SIGTERM, then SIGKILL after a grace period).
 On Linux each child also gets SIGKILL if this process dies, so no orphan survives a crash.
@@ -16,10 +19,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
@@ -31,10 +35,63 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+class Process(Protocol):
+    """What the supervisor uses of a child process: `subprocess.Popen`'s names."""
+
+    pid: int
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class ForkedProcess:
+    """A child forked from this process, waited for as `subprocess.Popen` waits: its return
+    code is its exit status, or minus the signal that ended it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._returncode: int | None = None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    def poll(self) -> int | None:
+        if self._returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self._returncode = os.waitstatus_to_exitcode(status)
+        return self._returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(0.02)
+        assert self._returncode is not None
+        return self._returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
 @dataclass
 class Child:
     name: str
-    proc: subprocess.Popen[str]
+    proc: Process
     log_path: Path
     lines: list[str] = field(default_factory=list)
 
@@ -74,11 +131,34 @@ class Supervisor:
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
-        child = Child(name, proc, log_path)
         assert proc.stdout is not None
-        threading.Thread(
-            target=_tee, args=(proc.stdout, log_path, child.lines), daemon=True
-        ).start()
+        return self._follow(name, proc, proc.stdout, log_path)
+
+    def fork(
+        self, name: str, main: Callable[[], object], env: dict[str, str] | None = None
+    ) -> Child:
+        """Forks this process into a child that runs `main` with `env` added to its
+        environment, then exits: 0 when `main` returns, as `sys.exit` says when it raises
+        SystemExit, 1 (its traceback logged) on any other exception. Fork only from the main
+        thread, before this process runs threads of its own (torch's included) or holds
+        network connections: a fork keeps only the thread that forked."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        read_fd, write_fd = os.pipe()
+        # Output still buffered here would be written a second time by the child.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_fd)
+            _run_forked(main, write_fd, env or {})
+        os.close(write_fd)
+        return self._follow(name, ForkedProcess(pid), open(read_fd), log_path)
+
+    def _follow(self, name: str, proc: Process, output: IO[str], log_path: Path) -> Child:
+        """Copies the child's output into its log (and `Child.lines`) on a thread."""
+        child = Child(name, proc, log_path)
+        threading.Thread(target=_tee, args=(output, log_path, child.lines), daemon=True).start()
         self.children.append(child)
         log.info("started %s (pid %d), log %s", name, proc.pid, log_path)
         return child
@@ -100,6 +180,51 @@ class Supervisor:
                 log.warning("%s did not stop in %.0f s: killing it", child.name, self.grace_s)
                 child.proc.kill()
                 child.proc.wait()
+
+
+def _run_forked(main: Callable[[], object], output_fd: int, env: dict[str, str]) -> None:
+    """The forked child's whole life: set up as `start`'s children are, run `main`, exit
+    without this process's exit handlers (they belong to the parent)."""
+    code: int = 1
+    try:
+        os.setsid()
+        _die_with_parent()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(output_fd, 1)
+        os.dup2(output_fd, 2)
+        # New streams on the pipe, buffered as a new process's are (the parent's may not
+        # write to its descriptors 1 and 2 at all: pytest's capture, say).
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
+        os.environ.update(env)
+        # As a new Python process starts: the parent's handlers would act for the parent.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # The child configures its own logging, as a new process would.
+        logging.root.handlers.clear()
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """The status `sys.exit(arg)` gives a Python process (a message goes to stderr)."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
 
 
 def _tee(stream: IO[str], log_path: Path, lines: list[str]) -> None:
