@@ -139,9 +139,9 @@ class Supervisor:
     ) -> Child:
         """Forks this process into a child that runs `main` with `env` added to its
         environment, then exits: 0 when `main` returns, as `sys.exit` says when it raises
-        SystemExit, 1 (its traceback logged) on any other exception. Fork only from the main
-        thread, before this process runs threads of its own (torch's included) or holds
-        network connections: a fork keeps only the thread that forked."""
+        SystemExit, 1 (its traceback logged) on any other exception. The child keeps only the
+        thread that forked: fork from the main thread, and only while no other thread holds
+        what the child needs (a pool of torch threads, a network connection, a lock)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         read_fd, write_fd = os.pipe()
