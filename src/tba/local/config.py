@@ -59,7 +59,7 @@ class LocalSettings(Section):
         "auto",
         description="How the services start. `fork`: forked from this process, which has "
         "imported torch and transformers already, so each is up in about a second. `exec`: "
-        "each a new `python -m tba` process, which imports them itself (5-10 s on 2 cores). "
+        "each a new `python -m tba` process, which imports them itself (5-8 s on 2 cores). "
         "`auto`: fork where the OS can and `threads_per_process` is 1, else exec.",
     )
     evaluator_niceness: int = Field(

@@ -193,6 +193,8 @@ def _run_forked(main: Callable[[], object], output_fd: int, env: dict[str, str])
         os.dup2(devnull, 0)
         os.dup2(output_fd, 1)
         os.dup2(output_fd, 2)
+        os.close(devnull)
+        os.close(output_fd)
         # New streams on the pipe, buffered as a new process's are (the parent's may not
         # write to its descriptors 1 and 2 at all: pytest's capture, say).
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
